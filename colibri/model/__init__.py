@@ -1,0 +1,1 @@
+"""The model layer: forward passes per architecture, sampling, tokenizer and chat template."""

@@ -1,0 +1,52 @@
+"""The model's chat template (``tokenizer.chat_template``), rendered in jinja2's sandbox.
+
+Templates come from model files, i.e. from strangers: the immutable sandbox keeps them from
+reaching Python internals or mutating what they are given.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from colibri.errors import ColibriError
+
+# ChatML, for models whose file carries no template.
+DEFAULT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ChatTemplateError(ColibriError):
+    pass
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(f"chat template: {message}")
+
+
+class ChatTemplate:
+    def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "") -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(source or DEFAULT_TEMPLATE)
+        except TemplateError as e:
+            raise ChatTemplateError(f"chat template does not parse: {e}") from None
+        self._tokens = {"bos_token": bos_token, "eos_token": eos_token}
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **extra: Any) -> str:
+        try:
+            return self._template.render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self._tokens, **extra
+            )
+        except ChatTemplateError:
+            raise
+        except Exception as e:  # a template is foreign code: any failure is the template's
+            raise ChatTemplateError(f"chat template failed: {e}") from None

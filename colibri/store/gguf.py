@@ -1,0 +1,230 @@
+"""A GGUF reader over mmap: metadata parsed at open, tensor data touched only when a kernel reads it.
+
+Opening a model reads the header, the metadata and the tensor directory (a few MB at most) and
+maps the rest; tensors are handed out as zero-copy numpy views of the mapping, so the page cache,
+not this process, holds the weights. Every defect is reported as a ``GGUFError`` naming the file
+and, where there is one, the tensor.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from colibri.errors import ColibriError
+from colibri.store.quant import BLOCK_GEOMETRY, SUPPORTED, GGMLType
+
+MAGIC = b"GGUF"
+# Version 1 used 32-bit counts and lengths; every file written since 2023 is v2 or v3.
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+# Bounds that stop a corrupt count from making us allocate or loop for ever before we notice the
+# file is too short: no real model has more tensors, dimensions or metadata entries than these.
+MAX_TENSORS = 1 << 20
+MAX_KV = 1 << 16
+MAX_DIMS = 4
+MAX_STRING_BYTES = 1 << 24
+
+# GGUF metadata value types.
+_UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL = range(8)
+_STRING, _ARRAY, _UINT64, _INT64, _FLOAT64 = 8, 9, 10, 11, 12
+_SCALARS: dict[int, tuple[str, int]] = {
+    _UINT8: ("<B", 1),
+    _INT8: ("<b", 1),
+    _UINT16: ("<H", 2),
+    _INT16: ("<h", 2),
+    _UINT32: ("<I", 4),
+    _INT32: ("<i", 4),
+    _FLOAT32: ("<f", 4),
+    _BOOL: ("<?", 1),
+    _UINT64: ("<Q", 8),
+    _INT64: ("<q", 8),
+    _FLOAT64: ("<d", 8),
+}
+_NUMPY_OF: dict[int, str] = {
+    _UINT8: "<u1", _INT8: "<i1", _UINT16: "<u2", _INT16: "<i2", _UINT32: "<u4", _INT32: "<i4",
+    _FLOAT32: "<f4", _BOOL: "?", _UINT64: "<u8", _INT64: "<i8", _FLOAT64: "<f8",
+}
+
+
+class GGUFError(ColibriError):
+    """A file that is not a GGUF model we can read, with the reason."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One entry of the tensor directory. ``shape`` is ggml order: ``shape[0]`` is a row's length."""
+
+    name: str
+    shape: tuple[int, ...]
+    gtype: GGMLType
+    offset: int  # absolute offset of the data in the file
+    nbytes: int
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+class _Cursor:
+    """Reads little-endian fields from the mapped header, failing with 'truncated' at the end."""
+
+    def __init__(self, buf: mmap.mmap, path: Path) -> None:
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, n: int, what: str) -> bytes:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise GGUFError(f"{self.path}: truncated file (ends inside {what})")
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def scalar(self, vtype: int, what: str) -> Any:
+        fmt, size = _SCALARS[vtype]
+        return struct.unpack(fmt, self.take(size, what))[0]
+
+    def u32(self, what: str) -> int:
+        return self.scalar(_UINT32, what)
+
+    def u64(self, what: str) -> int:
+        return self.scalar(_UINT64, what)
+
+    def string(self, what: str) -> str:
+        n = self.u64(what)
+        if n > MAX_STRING_BYTES:
+            raise GGUFError(f"{self.path}: string of {n} bytes in {what} is not plausible")
+        return self.take(n, what).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int, what: str) -> Any:
+        if vtype in _SCALARS:
+            return self.scalar(vtype, what)
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype == _ARRAY:
+            etype, count = self.u32(what), self.u64(what)
+            if etype in _NUMPY_OF:
+                size = _SCALARS[etype][1]
+                raw = self.take(count * size, what)
+                return np.frombuffer(raw, dtype=_NUMPY_OF[etype]).tolist()
+            if count > len(self.buf):
+                raise GGUFError(f"{self.path}: array of {count} items in {what} is not plausible")
+            return [self.value(etype, what) for _ in range(count)]
+        raise GGUFError(f"{self.path}: unknown metadata value type {vtype} in {what}")
+
+
+class GGUFFile:
+    """An open GGUF file: ``metadata`` (dict), ``tensors`` (name -> TensorInfo) and views."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < 24:
+                    raise GGUFError(f"{self.path}: truncated file ({size} bytes, no GGUF header)")
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as e:
+            raise GGUFError(f"{self.path}: cannot open: {e.strerror or e}") from None
+        self.file_size = size
+        self.metadata: dict[str, Any] = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        self._parse()
+
+    def _parse(self) -> None:
+        cur = _Cursor(self._map, self.path)
+        magic = cur.take(4, "magic")
+        if magic != MAGIC:
+            raise GGUFError(f"{self.path}: bad magic {magic!r}, not a GGUF file")
+        self.version = cur.u32("version")
+        if self.version not in SUPPORTED_VERSIONS:
+            raise GGUFError(
+                f"{self.path}: unsupported GGUF version {self.version} "
+                f"(supported: {', '.join(map(str, SUPPORTED_VERSIONS))})"
+            )
+        n_tensors, n_kv = cur.u64("tensor count"), cur.u64("metadata count")
+        if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
+            raise GGUFError(f"{self.path}: implausible header ({n_tensors} tensors, {n_kv} keys)")
+        for _ in range(n_kv):
+            key = cur.string("metadata key")
+            self.metadata[key] = cur.value(cur.u32(f"metadata {key!r}"), f"metadata {key!r}")
+        infos = []
+        for i in range(n_tensors):
+            name = cur.string(f"tensor #{i} name")
+            what = f"tensor {name!r}"
+            n_dims = cur.u32(what)
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise GGUFError(f"{self.path}: {what} has {n_dims} dimensions")
+            shape = tuple(cur.u64(what) for _ in range(n_dims))
+            type_id, offset = cur.u32(what), cur.u64(what)
+            infos.append((name, shape, type_id, offset))
+        alignment = int(self.metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise GGUFError(f"{self.path}: general.alignment {alignment} is not a power of two")
+        self.data_offset = -(-cur.pos // alignment) * alignment
+        for name, shape, type_id, offset in infos:
+            self.tensors[name] = self._tensor_info(name, shape, type_id, offset)
+
+    def _tensor_info(self, name: str, shape: tuple[int, ...], type_id: int, offset: int) -> TensorInfo:
+        try:
+            gtype = GGMLType(type_id)
+        except ValueError:
+            raise GGUFError(
+                f"{self.path}: tensor {name!r} has unknown block type {type_id}"
+            ) from None
+        if gtype not in BLOCK_GEOMETRY:
+            raise GGUFError(f"{self.path}: tensor {name!r} has unknown block type {gtype.name}")
+        per_block, block_bytes = BLOCK_GEOMETRY[gtype]
+        n = int(np.prod(shape, dtype=np.int64))
+        if shape[0] % per_block:
+            raise GGUFError(
+                f"{self.path}: tensor {name!r} row of {shape[0]} is not whole {gtype.name} blocks"
+            )
+        nbytes = n // per_block * block_bytes
+        start = self.data_offset + offset
+        if start + nbytes > self.file_size:
+            raise GGUFError(
+                f"{self.path}: tensor {name!r} data runs past the end of the file "
+                f"(needs bytes {start}..{start + nbytes}, file has {self.file_size})"
+            )
+        return TensorInfo(name, shape, gtype, start, nbytes)
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as a read-only uint8 view, shaped (rows, row_bytes)."""
+        info = self.tensors[name]
+        rows = info.n_elements // info.shape[0]
+        view = np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+        return view.reshape(rows, info.nbytes // rows)
+
+    def require_supported(self, name: str) -> TensorInfo:
+        """The tensor's info, or a GGUFError if the kernels cannot compute on its block type."""
+        if name not in self.tensors:
+            raise GGUFError(f"{self.path}: tensor {name!r} is missing")
+        info = self.tensors[name]
+        if info.gtype not in SUPPORTED:
+            raise GGUFError(
+                f"{self.path}: tensor {name!r} has unsupported block type {info.gtype.name} "
+                f"(supported: {', '.join(sorted(t.name for t in SUPPORTED))})"
+            )
+        return info
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def close(self) -> None:
+        # Views handed out keep the mapping alive; closing with live views would fault them.
+        try:
+            self._map.close()
+        except BufferError:
+            pass
+
+    def __enter__(self) -> GGUFFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
