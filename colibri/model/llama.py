@@ -15,27 +15,17 @@ import numpy as np
 from colibri.model.hparams import HParams
 from colibri.model.kernels.attention import attend, store_kv
 from colibri.model.kernels.ops import add_into, rmsnorm, rope, rope_frequencies, swiglu
-from colibri.model.kernels.quant_matmul import dequantize_row, qmatmul
+from colibri.model.kernels.quant_matmul import Weight, dequantize_row, make_weight, qmatmul
 from colibri.model.kv_cache import KVCache
 from colibri.store.gguf import GGUFFile
 
 
-class Weight(NamedTuple):
-    """A matrix as its raw block rows plus the block type id the kernels dispatch on."""
-
-    raw: np.ndarray  # uint8 (rows, row_bytes), a view of the mmap
-    gtype: int
-
-
 class LlamaBlock(NamedTuple):
     attn_norm: np.ndarray
-    wq: Weight
-    wk: Weight
-    wv: Weight
+    wqkv: Weight  # q, k and v stacked by rows: one matmul
     wo: Weight
     ffn_norm: np.ndarray
-    w_gate: Weight
-    w_up: Weight
+    w_gate_up: Weight  # gate and up stacked by rows
     w_down: Weight
 
 
@@ -48,9 +38,10 @@ class Shape(NamedTuple):
     eps: float
 
 
-def load_weight(gguf: GGUFFile, name: str) -> Weight:
-    info = gguf.require_supported(name)
-    return Weight(gguf.raw(name), int(info.gtype))
+def load_weight(gguf: GGUFFile, *names: str) -> Weight:
+    """One matrix from one or more tensors of the same row length, stacked by rows."""
+    infos = [gguf.require_supported(n) for n in names]
+    return make_weight([(gguf.raw(n), int(i.gtype)) for n, i in zip(names, infos)], infos[0].shape[0])
 
 
 def load_vector(gguf: GGUFFile, name: str) -> np.ndarray:
@@ -67,32 +58,30 @@ def llama_block(
     layer: int, slots: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray,
 ) -> None:
     """One transformer layer on the residual stream ``x`` (T, n_embd), in place."""
-    t_rows, n_embd = x.shape
+    t_rows = x.shape[0]
     q_dim, kv_dim = sh.n_heads * sh.head_dim, sh.n_kv * sh.head_dim
     h = np.empty_like(x)
     rmsnorm(x, w.attn_norm, sh.eps, h)
-    q = np.empty((t_rows, q_dim), np.float32)
-    k = np.empty((t_rows, kv_dim), np.float32)
-    v = np.empty((t_rows, kv_dim), np.float32)
-    qmatmul(h, w.wq.raw, w.wq.gtype, q)
-    qmatmul(h, w.wk.raw, w.wk.gtype, k)
-    qmatmul(h, w.wv.raw, w.wv.gtype, v)
+    qkv = np.empty((t_rows, q_dim + 2 * kv_dim), np.float32)
+    qmatmul(h, w.wqkv, qkv)
+    q = np.ascontiguousarray(qkv[:, :q_dim])
+    k = np.ascontiguousarray(qkv[:, q_dim : q_dim + kv_dim])
+    v = qkv[:, q_dim + kv_dim :]  # store_kv reads it in place
     rope(q, positions, sh.n_heads, sh.head_dim, inv_freq)
     rope(k, positions, sh.n_kv, sh.head_dim, inv_freq)
     store_kv(k, v, k_cache, v_cache, layer, slots, positions, sh.n_kv, sh.head_dim)
     attn = np.empty((t_rows, q_dim), np.float32)
     attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, sh.head_dim, attn)
-    qmatmul(attn, w.wo.raw, w.wo.gtype, h)
+    qmatmul(attn, w.wo, h)
     add_into(x, h)
 
     rmsnorm(x, w.ffn_norm, sh.eps, h)
-    n_ff = w.w_gate.raw.shape[0]
-    gate = np.empty((t_rows, n_ff), np.float32)
-    up = np.empty((t_rows, n_ff), np.float32)
-    qmatmul(h, w.w_gate.raw, w.w_gate.gtype, gate)
-    qmatmul(h, w.w_up.raw, w.w_up.gtype, up)
-    swiglu(gate, up)
-    qmatmul(gate, w.w_down.raw, w.w_down.gtype, h)
+    n_ff = w.w_gate_up.n_rows // 2
+    gate_up = np.empty((t_rows, 2 * n_ff), np.float32)
+    qmatmul(h, w.w_gate_up, gate_up)
+    gate = np.ascontiguousarray(gate_up[:, :n_ff])
+    swiglu(gate, gate_up[:, n_ff:])
+    qmatmul(gate, w.w_down, h)
     add_into(x, h)
 
 
@@ -107,17 +96,15 @@ class LlamaModel:
 
     def __init__(self, gguf: GGUFFile, hp: HParams) -> None:
         self.hp = hp
-        self.token_embd = load_weight(gguf, "token_embd.weight")
+        embd = gguf.require_supported("token_embd.weight")
+        self.token_embd, self.embd_type = gguf.raw("token_embd.weight"), int(embd.gtype)
         self.blocks = [
             LlamaBlock(
                 attn_norm=load_vector(gguf, f"blk.{i}.attn_norm.weight"),
-                wq=load_weight(gguf, f"blk.{i}.attn_q.weight"),
-                wk=load_weight(gguf, f"blk.{i}.attn_k.weight"),
-                wv=load_weight(gguf, f"blk.{i}.attn_v.weight"),
+                wqkv=load_weight(gguf, *(f"blk.{i}.attn_{p}.weight" for p in "qkv")),
                 wo=load_weight(gguf, f"blk.{i}.attn_output.weight"),
                 ffn_norm=load_vector(gguf, f"blk.{i}.ffn_norm.weight"),
-                w_gate=load_weight(gguf, f"blk.{i}.ffn_gate.weight"),
-                w_up=load_weight(gguf, f"blk.{i}.ffn_up.weight"),
+                w_gate_up=load_weight(gguf, f"blk.{i}.ffn_gate.weight", f"blk.{i}.ffn_up.weight"),
                 w_down=load_weight(gguf, f"blk.{i}.ffn_down.weight"),
             )
             for i in range(hp.n_layers)
@@ -125,7 +112,7 @@ class LlamaModel:
         self.output_norm = load_vector(gguf, "output_norm.weight")
         # Tied embeddings (SmolLM2): no output.weight, the logits reuse the embedding table.
         has_output = "output.weight" in gguf.tensors
-        self.output = load_weight(gguf, "output.weight") if has_output else self.token_embd
+        self.output = load_weight(gguf, "output.weight" if has_output else "token_embd.weight")
         self.shape = Shape(hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.norm_eps)
         self.inv_freq = rope_frequencies(hp.head_dim, hp.rope_dim, hp.rope_base)
 
@@ -135,11 +122,11 @@ class LlamaModel:
     ) -> np.ndarray:
         """Run one step; write every row's K/V into its slot; return logits of ``logit_rows``."""
         x = np.empty((tokens.shape[0], self.hp.n_embd), np.float32)
-        embed(tokens, self.token_embd.raw, self.token_embd.gtype, x)
+        embed(tokens, self.token_embd, self.embd_type, x)
         for layer, block in enumerate(self.blocks):
             llama_block(x, block, self.shape, kv.k, kv.v, layer, slots, positions, self.inv_freq)
         h = np.empty((logit_rows.shape[0], self.hp.n_embd), np.float32)
         rmsnorm(np.ascontiguousarray(x[logit_rows]), self.output_norm, self.hp.norm_eps, h)
-        logits = np.empty((h.shape[0], self.output.raw.shape[0]), np.float32)
-        qmatmul(h, self.output.raw, self.output.gtype, logits)
+        logits = np.empty((h.shape[0], self.output.n_rows), np.float32)
+        qmatmul(h, self.output, logits)
         return logits

@@ -26,12 +26,15 @@ import numpy as np
 from colibri.store.quant import GGMLType
 
 # Activation rows up to which the direct path beats tile + BLAS (bench/bench_kernels.py).
-DIRECT_MAX_ROWS = 4
+DIRECT_MAX_ROWS = 16
 # Weight rows per BLAS tile: 256 rows of 1536 floats is 1.5 MB, about what L2 holds.
 TILE_ROWS = 256
+# Runs of row groups the direct path splits a matrix into for its threads (a constant: numba
+# cannot cache code that asks for the thread count).
+MAX_CHUNKS = 32
 GROUP = 16  # rows interleaved by packing: one AVX-512 vector of float32
 
-KIND_NONE, KIND_Q4, KIND_Q8 = 0, 1, 2
+KIND_F32, KIND_Q4, KIND_Q8 = 0, 1, 2
 
 T_F32 = int(GGMLType.F32)
 T_F16 = int(GGMLType.F16)
@@ -48,19 +51,20 @@ _JIT = dict(nogil=True, cache=True, fastmath=True)
 
 
 class Weight(NamedTuple):
-    """A matrix: its raw GGUF rows (a view of the mmap) and, for Q4/Q8, its packed form.
-    One type for every format, so a layer's weights form a homogeneous tuple for numba."""
+    """A matrix in the kernels' layout. One type for every format, so that a layer's weights
+    form a homogeneous tuple for numba; the arrays a kind does not use are empty."""
 
-    raw: np.ndarray  # uint8 [N, row_bytes]
-    gtype: int
     kind: int
+    n_rows: int
     q: np.ndarray  # uint8 [G, nb, 16 (Q4) or 32 (Q8), GROUP]
     d: np.ndarray  # float32 [G, nb, GROUP]
     m: np.ndarray  # float32 [G, nb, GROUP]
+    f: np.ndarray  # float32 [N, K], for the float formats
 
 
 _EMPTY_Q = np.zeros((0, 0, 0, 0), np.uint8)
 _EMPTY_S = np.zeros((0, 0, 0), np.float32)
+_EMPTY_F = np.zeros((0, 0), np.float32)
 
 
 def _interleave(a: np.ndarray) -> np.ndarray:
@@ -72,19 +76,35 @@ def _interleave(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(a.reshape(groups, GROUP, *a.shape[1:]), 1, -1))
 
 
-def make_weight(raw: np.ndarray, gtype: int) -> Weight:
-    """Wrap raw rows, packing Q4_0, Q4_1 and Q8_0 for the direct path."""
-    if gtype not in (T_Q4_0, T_Q4_1, T_Q8_0):
-        return Weight(raw, gtype, KIND_NONE, _EMPTY_Q, _EMPTY_S, _EMPTY_S)
-    n_rows, head = raw.shape[0], 4 if gtype == T_Q4_1 else 2
-    blocks = raw.reshape(n_rows, -1, 34 if gtype == T_Q8_0 else head + 16)
+def _split_blocks(raw: np.ndarray, gtype: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Raw Q rows -> (quants [N, nb, bytes], scale [N, nb], offset [N, nb]) so value = d*q + m."""
+    head = 4 if gtype == T_Q4_1 else 2
+    blocks = raw.reshape(raw.shape[0], -1, 34 if gtype == T_Q8_0 else head + 16)
     d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     if gtype == T_Q4_1:
         m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     else:
         m = -8.0 * d if gtype == T_Q4_0 else np.zeros_like(d)
-    kind = KIND_Q8 if gtype == T_Q8_0 else KIND_Q4
-    return Weight(raw, gtype, kind, _interleave(blocks[:, :, head:]), _interleave(d), _interleave(m))
+    return blocks[:, :, head:], d, m
+
+
+def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int) -> Weight:
+    """One matrix from the raw GGUF rows of one or more tensors stacked by rows (q, k and v
+    become one matmul). Q4_0 and Q4_1 pack to Q4, Q8_0 to Q8; anything else, or a mix of
+    kinds, is widened to float32."""
+    kinds = {KIND_Q8 if t == T_Q8_0 else KIND_Q4 if t in (T_Q4_0, T_Q4_1) else KIND_F32 for _, t in parts}
+    n_rows = sum(raw.shape[0] for raw, _ in parts)
+    if len(kinds) == 1 and KIND_F32 not in kinds:
+        split = [_split_blocks(raw, t) for raw, t in parts]
+        q, d, m = (np.concatenate([p[i] for p in split]) for i in range(3))
+        return Weight(kinds.pop(), n_rows, _interleave(q), _interleave(d), _interleave(m), _EMPTY_F)
+    f = np.empty((n_rows, n_cols), np.float32)
+    row = 0
+    for raw, t in parts:
+        for r in range(raw.shape[0]):
+            dequantize_row(raw[r], t, f[row])
+            row += 1
+    return Weight(KIND_F32, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, f)
 
 
 @nb.njit(inline="always", **_JIT)
@@ -124,79 +144,123 @@ def dequantize_row(w: np.ndarray, gtype: int, out: np.ndarray) -> None:
 
 @nb.njit(inline="always", **_JIT)
 def _fold16(a: np.ndarray, n: int) -> None:
-    """a[0:16] = sum over the n/16 lanes-groups of a[0:n] (n a power of two >= 16)."""
-    while n > 16:
-        n //= 2
-        for i in range(n):
-            a[i] += a[i + n]
+    """a[0:16] = sum of the 16-lane groups of a[0:n], n in (256, 512): a tree of flat loops,
+    which vectorize, unlike a loop over 16 lanes."""
+    if n == 512:
+        for i in range(256):
+            a[i] += a[i + 256]
+    for i in range(128):
+        a[i] += a[i + 128]
+    for i in range(64):
+        a[i] += a[i + 64]
+    for i in range(32):
+        a[i] += a[i + 32]
+    for i in range(16):
+        a[i] += a[i + 16]
+
+
+@nb.njit(**_JIT)
+def _direct_group(w: Weight, g: int, xe: np.ndarray, xs: np.ndarray, lo: np.ndarray,
+                  hi: np.ndarray, a: np.ndarray, acc: np.ndarray) -> None:
+    """acc[t, r] = row 16g+r of W dotted with activation row t."""
+    t_rows, n_blocks, span = xe.shape[0], w.q.shape[1], a.shape[0]
+    q4 = w.kind == KIND_Q4
+    acc[:, :] = 0.0
+    for b in range(n_blocks):
+        qb = w.q[g, b].reshape(span)
+        if t_rows > 1:  # decode the block once, for every activation row
+            for i in range(span):
+                if q4:
+                    v = np.int32(qb[i])
+                    lo[i] = np.float32(v & 15)
+                    hi[i] = np.float32(v >> 4)
+                else:
+                    lo[i] = np.float32(np.int8(qb[i]))
+        for t in range(t_rows):
+            xl = xe[t, b, 0]
+            xh = xe[t, b, xe.shape[2] - 1]
+            if t_rows == 1:  # a single row: decode and multiply in one pass
+                for i in range(span):
+                    if q4:
+                        v = np.int32(qb[i])
+                        a[i] = np.float32(v & 15) * xl[i] + np.float32(v >> 4) * xh[i]
+                    else:
+                        a[i] = np.float32(np.int8(qb[i])) * xl[i]
+            elif q4:
+                for i in range(span):
+                    a[i] = lo[i] * xl[i] + hi[i] * xh[i]
+            else:
+                for i in range(span):
+                    a[i] = lo[i] * xl[i]
+            _fold16(a, span)
+            for r in range(GROUP):
+                acc[t, r] += w.d[g, b, r] * a[r] + w.m[g, b, r] * xs[t, b]
 
 
 @nb.njit(parallel=True, **_JIT)
 def _direct(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
-    t_rows, k = x.shape
+    t_rows = x.shape[0]
     n_groups, n_blocks, per = w.q.shape[0], w.q.shape[1], w.q.shape[2]
     span = per * GROUP  # bytes of one block of a group: 256 (Q4) or 512 (Q8)
+    q4 = w.kind == KIND_Q4
     # Activations spread to the packed order: xe[t, b, h, i] multiplies byte i of block b
-    # (h = 0: low nibble / the int8, h = 1: high nibble).
-    halves = 2 if w.kind == KIND_Q4 else 1
-    xe = np.empty((t_rows, n_blocks, halves, span), np.float32)
+    # (h = 0: the low nibble or the int8, h = 1: the high nibble).
+    xe = np.empty((t_rows, n_blocks, 2 if q4 else 1, span), np.float32)
     xs = np.zeros((t_rows, n_blocks), np.float32)
     for t in range(t_rows):
         for b in range(n_blocks):
             for i in range(span):
                 xe[t, b, 0, i] = x[t, b * 32 + (i >> 4)]
-                if halves == 2:
+            if q4:
+                for i in range(span):
                     xe[t, b, 1, i] = x[t, b * 32 + 16 + (i >> 4)]
             for i in range(32):
                 xs[t, b] += x[t, b * 32 + i]
-    for g in nb.prange(n_groups):
+    n_chunks = min(n_groups, MAX_CHUNKS)
+    for c in nb.prange(n_chunks):  # runs of groups, each with its scratch allocated once
         lo = np.empty(span, np.float32)
         hi = np.empty(span, np.float32)
         a = np.empty(span, np.float32)
-        acc = np.zeros((t_rows, GROUP), np.float32)
-        for b in range(n_blocks):
-            qb = w.q[g, b].reshape(span)
-            if w.kind == KIND_Q4:
-                for i in range(span):
-                    v = np.int32(qb[i])
-                    lo[i] = np.float32(v & 15)
-                    hi[i] = np.float32(v >> 4)
-            else:
-                for i in range(span):
-                    lo[i] = np.float32(np.int8(qb[i]))
-            for t in range(t_rows):
-                xl = xe[t, b, 0]
-                if halves == 2:
-                    xh = xe[t, b, 1]
-                    for i in range(span):
-                        a[i] = lo[i] * xl[i] + hi[i] * xh[i]
-                else:
-                    for i in range(span):
-                        a[i] = lo[i] * xl[i]
-                _fold16(a, span)
-                for r in range(GROUP):
-                    acc[t, r] += w.d[g, b, r] * a[r] + w.m[g, b, r] * xs[t, b]
-        for r in range(min(GROUP, out.shape[1] - g * GROUP)):
-            for t in range(t_rows):
-                out[t, g * GROUP + r] = acc[t, r]
+        acc = np.empty((t_rows, GROUP), np.float32)
+        for g in range(c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks):
+            _direct_group(w, g, xe, xs, lo, hi, a, acc)
+            for r in range(min(GROUP, w.n_rows - g * GROUP)):
+                for t in range(t_rows):
+                    out[t, g * GROUP + r] = acc[t, r]
 
 
 @nb.njit(parallel=True, **_JIT)
 def _tiled(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
-    n = w.raw.shape[0]
-    for c in nb.prange((n + TILE_ROWS - 1) // TILE_ROWS):
-        r0 = c * TILE_ROWS
-        rows = min(TILE_ROWS, n - r0)
-        tile = np.empty((rows, x.shape[1]), dtype=np.float32)
-        for r in range(rows):
-            dequantize_row(w.raw[r0 + r], w.gtype, tile[r])
-        out[:, r0 : r0 + rows] = np.dot(x, tile.T)
+    n_groups, n_blocks, per = w.q.shape[0], w.q.shape[1], w.q.shape[2]
+    per_tile = TILE_ROWS // GROUP
+    for c in nb.prange((n_groups + per_tile - 1) // per_tile):
+        g0 = c * per_tile
+        g1 = min(n_groups, g0 + per_tile)
+        # tile_t[k, lane]: the tile's rows as columns, so that the writes run along the lanes
+        tile_t = np.empty((x.shape[1], (g1 - g0) * GROUP), np.float32)
+        for g in range(g0, g1):
+            o = (g - g0) * GROUP
+            for b in range(n_blocks):
+                for j in range(per):
+                    for r in range(GROUP):
+                        v = np.int32(w.q[g, b, j, r])
+                        if w.kind == KIND_Q4:
+                            tile_t[b * 32 + j, o + r] = w.d[g, b, r] * np.float32(v & 15) + w.m[g, b, r]
+                            tile_t[b * 32 + 16 + j, o + r] = w.d[g, b, r] * np.float32(v >> 4) + w.m[g, b, r]
+                        else:
+                            tile_t[b * 32 + j, o + r] = w.d[g, b, r] * np.float32(np.int8(v))
+        res = np.dot(x, tile_t)
+        r0 = g0 * GROUP
+        rows = min(w.n_rows, g1 * GROUP) - r0
+        out[:, r0 : r0 + rows] = res[:, :rows]
 
 
 @nb.njit(**_JIT)
 def qmatmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     """``out[T, N] = x[T, K] @ W.T``."""
-    if w.kind != KIND_NONE and x.shape[0] <= DIRECT_MAX_ROWS:
+    if w.kind == KIND_F32:
+        out[:, :] = np.dot(x, w.f.T)
+    elif x.shape[0] <= DIRECT_MAX_ROWS:
         _direct(x, w, out)
     else:
         _tiled(x, w, out)

@@ -1,0 +1,215 @@
+"""``coli``: the command line. Each subcommand is a small function over the model layer.
+
+Errors a user can act on (``ColibriError``) print one line and exit 1; nothing prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+from colibri import __version__, settings
+from colibri.errors import ColibriError
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ColibriError(f"--prompt-ids: {text!r} is not a comma-separated list of integers") from None
+    if not ids:
+        raise ColibriError("--prompt-ids: no ids given")
+    return ids
+
+
+def _load(args: argparse.Namespace):
+    from colibri.model.loader import Model  # imported here: numba is slow to import
+
+    return Model(settings.model_path(args))
+
+
+def _check_ids(model, ids: list[int]) -> None:
+    bad = [i for i in ids if not 0 <= i < model.hp.n_vocab]
+    if bad:
+        raise ColibriError(f"token id {bad[0]} is outside the vocabulary (0..{model.hp.n_vocab - 1})")
+
+
+def _sequence(model, args: argparse.Namespace):
+    from colibri.model.generate import Sequence
+
+    n_ctx = min(settings.resolve(args, settings.CTX), model.hp.context_length)
+    return Sequence(model.net, n_ctx, settings.resolve(args, settings.PREFILL_CHUNK))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from colibri.model.generate import Timings
+    from colibri.model.sampling import Sampler, SamplingParams
+
+    params = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repeat_penalty, seed=args.seed,
+    )
+    try:
+        sampler = Sampler(params)
+    except ValueError as e:
+        raise ColibriError(str(e)) from None
+    model = _load(args)
+    if args.prompt_ids is not None:
+        prompt = _ids(args.prompt_ids)
+    else:
+        if args.prompt is None:
+            raise ColibriError("no prompt: give PROMPT, or --prompt-ids")
+        tok = model.tokenizer
+        if args.raw:
+            prompt = tok.encode(args.prompt, special=True)
+        else:
+            messages = [{"role": "user", "content": args.prompt}]
+            if args.system is not None:
+                messages.insert(0, {"role": "system", "content": args.system})
+            prompt = tok.encode(model.chat_template.render(messages), special=True)
+    _check_ids(model, prompt)
+    stop_ids = _stop_ids(model)
+    decoder = model.tokenizer.stream() if args.output != "ids" else None
+    timings, text = Timings(), []
+    seq = _sequence(model, args)
+    for token in seq.generate(prompt, sampler, args.max_tokens, stop_ids, timings):
+        if decoder is not None:
+            piece = decoder.feed(token)
+            text.append(piece)
+            if args.output == "text" and piece:
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+    if decoder is not None:
+        text.append(decoder.flush())
+    if args.output == "text":
+        sys.stdout.write(text[-1] + "\n")
+    elif args.output == "ids":
+        print(",".join(map(str, timings.ids)))
+    else:
+        print(json.dumps({
+            "text": "".join(text),
+            "ids": timings.ids,
+            "prompt_tokens": timings.prompt_tokens,
+            "completion_tokens": timings.generated_tokens,
+            "prefill_tokens_per_s": round(timings.prefill_tps, 2),
+            "decode_tokens_per_s": round(timings.decode_tps, 2),
+        }, ensure_ascii=False))
+    return 0
+
+
+def _stop_ids(model) -> frozenset[int]:
+    """End-of-turn ids, from the metadata alone (``--prompt-ids`` runs need no vocabulary)."""
+    ids = (model.gguf.get("tokenizer.ggml.eos_token_id"), model.gguf.get("tokenizer.ggml.eot_token_id"))
+    return frozenset(i for i in ids if i is not None)
+
+
+def cmd_logits(args: argparse.Namespace) -> int:
+    model = _load(args)
+    ids = _ids(args.prompt_ids) if args.prompt_ids is not None else model.tokenizer.encode(args.raw, special=True)
+    _check_ids(model, ids)
+    logits = _sequence(model, args).prefill(ids, all_logits=True)
+    k = logits.shape[1] if args.top == 0 else min(args.top, logits.shape[1])
+    out = sys.stdout
+    for pos, row in enumerate(logits):
+        top = np.argpartition(-row, k - 1)[:k] if k < row.shape[0] else np.arange(row.shape[0])
+        top = top[np.argsort(-row[top], kind="stable")]
+        out.write(json.dumps({"pos": pos, "top": [[int(i), round(float(row[i]), 5)] for i in top]}) + "\n")
+    return 0
+
+
+def cmd_tokenize(args: argparse.Namespace) -> int:
+    from colibri.model.tokenizer import GGUFTokenizer
+    from colibri.store.gguf import GGUFFile
+
+    tok = GGUFTokenizer(GGUFFile(settings.model_path(args)))
+    print(",".join(map(str, tok.encode(args.text, special=args.special))))
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from colibri.model.hparams import HParams
+    from colibri.store.gguf import GGUFFile
+
+    gguf = GGUFFile(settings.model_path(args))
+    hp = HParams.from_gguf(gguf)
+    types = Counter(t.gtype.name for t in gguf.tensors.values())
+    n_params = sum(t.n_elements for t in gguf.tensors.values())
+    print(f"file          {gguf.path} ({gguf.file_size / 2**20:.1f} MiB, GGUF v{gguf.version})")
+    print(f"name          {gguf.get('general.name', '?')}")
+    print(f"architecture  {hp.arch}")
+    print(f"parameters    {n_params / 1e6:.1f} M")
+    print(f"layers        {hp.n_layers}")
+    print(f"embedding     {hp.n_embd}")
+    print(f"feed-forward  {hp.n_ff}")
+    print(f"heads         {hp.n_heads} (kv {hp.n_kv_heads}, dim {hp.head_dim})")
+    print(f"context       {hp.context_length}")
+    print(f"vocabulary    {hp.n_vocab}")
+    print(f"rope base     {hp.rope_base:g}")
+    print(f"tensors       {len(gguf.tensors)}")
+    print(f"block types   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coli", description="colibri: LLM inference on ordinary machines")
+    p.add_argument("--version", action="version", version=f"colibri {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="generate a completion, streamed to stdout")
+    settings.add(run, settings.MODEL, settings.CTX, settings.PREFILL_CHUNK)
+    run.add_argument("prompt", nargs="?", metavar="PROMPT")
+    run.add_argument("--system", help="system message for the chat template")
+    run.add_argument("--raw", action="store_true", help="pass PROMPT as-is, without the chat template")
+    run.add_argument("--prompt-ids", metavar="IDS", help="prompt as comma-separated token ids")
+    run.add_argument("--max-tokens", type=int, default=256)
+    run.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--top-k", type=int, default=0, help="0: no limit")
+    run.add_argument("--min-p", type=float, default=0.0)
+    run.add_argument("--repeat-penalty", type=float, default=1.0)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--output", choices=("text", "ids", "json"), default="text")
+    run.set_defaults(func=cmd_run)
+
+    logits = sub.add_parser("logits", help="top logits at every prompt position, as JSON lines")
+    settings.add(logits, settings.MODEL, settings.CTX, settings.PREFILL_CHUNK)
+    src = logits.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt-ids", metavar="IDS")
+    src.add_argument("--raw", metavar="TEXT")
+    logits.add_argument("--top", type=int, default=10, help="0: all")
+    logits.set_defaults(func=cmd_logits)
+
+    tokenize = sub.add_parser("tokenize", help="token ids of TEXT")
+    settings.add(tokenize, settings.MODEL)
+    tokenize.add_argument("--special", action="store_true", help="parse special-token text")
+    tokenize.add_argument("text", metavar="TEXT")
+    tokenize.set_defaults(func=cmd_tokenize)
+
+    info = sub.add_parser("info", help="architecture, sizes, block types")
+    settings.add(info, settings.MODEL)
+    info.set_defaults(func=cmd_info)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if getattr(args, "max_tokens", 1) < 0 or getattr(args, "top", 0) < 0:
+            raise ColibriError("counts must not be negative")
+        return args.func(args)
+    except ColibriError as e:
+        print(f"coli: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
