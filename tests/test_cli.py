@@ -1,0 +1,100 @@
+"""`coli` as a user runs it: a subprocess on the real default model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def coli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "colibri", *args], capture_output=True, text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_run_json_reports_tokens_and_speed(golden):
+    """The chat path renders the template to llama.cpp's prompt ids and generates what
+    --prompt-ids generates from those ids."""
+    gen = golden["generations"][2]
+    out = json.loads(coli("run", "--output", "json", "--max-tokens", "6", "--system",
+                          gen["messages"][0]["content"], gen["messages"][1]["content"]).stdout)
+    assert out["prompt_tokens"] == len(gen["prompt_ids"])
+    by_ids = coli("run", "--prompt-ids", ",".join(map(str, gen["prompt_ids"])), "--output", "ids",
+                  "--max-tokens", "6").stdout.strip()
+    assert out["ids"] == [int(x) for x in by_ids.split(",")]
+    assert out["completion_tokens"] == 6
+    assert out["text"].startswith("The list of prime numbers")
+    assert out["prefill_tokens_per_s"] > 0 and out["decode_tokens_per_s"] > 0
+
+
+def test_run_text_streams_and_stops_at_end_of_turn():
+    out = coli("run", "--max-tokens", "200", "What is the capital of France?").stdout
+    assert "Paris" in out
+    assert "<|im_end|>" not in out
+
+
+def test_run_prompt_ids_output_ids(golden):
+    gen = golden["generations"][3]  # its first five greedy tokens are clear of near-ties
+    assert min(e["logits"][0] - e["logits"][1] for e in gen["top10"][:5]) >= 0.3
+    ids = ",".join(map(str, gen["prompt_ids"]))
+    out = coli("run", "--prompt-ids", ids, "--output", "ids", "--max-tokens", "5").stdout.strip()
+    assert [int(x) for x in out.split(",")] == gen["greedy_ids"][:5]
+
+
+def test_seed_makes_sampling_reproducible():
+    args = ("run", "--output", "ids", "--max-tokens", "12", "--temperature", "1.2", "--top-p", "0.95")
+    a = coli(*args, "--seed", "7", "Tell me a story.").stdout
+    b = coli(*args, "--seed", "7", "Tell me a story.").stdout
+    c = coli(*args, "--seed", "8", "Tell me a story.").stdout
+    assert a == b
+    assert a != c
+
+
+def test_logits_lines(golden):
+    gen = golden["generations"][0]
+    ids = gen["prompt_ids"]
+    lines = coli("logits", "--prompt-ids", ",".join(map(str, ids)), "--top", "3").stdout.splitlines()
+    assert len(lines) == len(ids)
+    rows = [json.loads(line) for line in lines]
+    assert [r["pos"] for r in rows] == list(range(len(ids)))
+    last = rows[-1]["top"]
+    assert len(last) == 3 and last[0][1] >= last[1][1] >= last[2][1]
+    assert {t[0] for t in last} & set(gen["top10"][0]["ids"][:3])
+
+
+def test_logits_top_zero_is_whole_vocabulary():
+    rows = coli("logits", "--prompt-ids", "1,2", "--top", "0").stdout.splitlines()
+    assert len(json.loads(rows[0])["top"]) == 49152
+
+
+def test_tokenize(golden):
+    entry = next(e for e in golden["tokenize"] if "<|im_start|>" in e["text"])
+    assert coli("tokenize", entry["text"]).stdout.strip() == ",".join(map(str, entry["ids"]))
+    assert coli("tokenize", "--special", entry["text"]).stdout.strip() == ",".join(map(str, entry["ids_special"]))
+
+
+def test_info():
+    out = coli("info").stdout
+    assert "architecture  llama" in out
+    assert "layers        30" in out
+    assert "Q4_1 x210" in out and "Q8_0 x1" in out
+    assert "tensors       272" in out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("run", "--model", "/nonexistent.gguf", "hi"), "/nonexistent.gguf"),
+    (("run", "--prompt-ids", "1,x"), "--prompt-ids"),
+    (("run", "--prompt-ids", "999999"), "outside the vocabulary"),
+    (("run", "--temperature", "-1", "hi"), "temperature"),
+    (("run", "--top-p", "0", "hi"), "top_p"),
+])
+def test_bad_input_is_one_error_line(args, needle):
+    proc = coli(*args, check=False)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("coli: error:") and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
