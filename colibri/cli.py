@@ -110,7 +110,10 @@ def _stop_ids(model) -> frozenset[int]:
 
 def cmd_logits(args: argparse.Namespace) -> int:
     model = _load(args)
-    ids = _ids(args.prompt_ids) if args.prompt_ids is not None else model.tokenizer.encode(args.raw, special=True)
+    if args.prompt_ids is not None:
+        ids = _ids(args.prompt_ids)
+    else:
+        ids = model.tokenizer.encode(args.raw, special=True)
     _check_ids(model, ids)
     logits = _sequence(model, args).prefill(ids, all_logits=True)
     k = logits.shape[1] if args.top == 0 else min(args.top, logits.shape[1])

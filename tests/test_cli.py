@@ -10,7 +10,8 @@ import pytest
 
 
 def coli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "colibri", *args], capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-m", "colibri", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -74,7 +75,8 @@ def test_logits_top_zero_is_whole_vocabulary():
 def test_tokenize(golden):
     entry = next(e for e in golden["tokenize"] if "<|im_start|>" in e["text"])
     assert coli("tokenize", entry["text"]).stdout.strip() == ",".join(map(str, entry["ids"]))
-    assert coli("tokenize", "--special", entry["text"]).stdout.strip() == ",".join(map(str, entry["ids_special"]))
+    special = coli("tokenize", "--special", entry["text"]).stdout.strip()
+    assert special == ",".join(map(str, entry["ids_special"]))
 
 
 def test_info():

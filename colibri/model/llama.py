@@ -41,7 +41,8 @@ class Shape(NamedTuple):
 def load_weight(gguf: GGUFFile, *names: str) -> Weight:
     """One matrix from one or more tensors of the same row length, stacked by rows."""
     infos = [gguf.require_supported(n) for n in names]
-    return make_weight([(gguf.raw(n), int(i.gtype)) for n, i in zip(names, infos)], infos[0].shape[0])
+    parts = [(gguf.raw(n), int(i.gtype)) for n, i in zip(names, infos, strict=True)]
+    return make_weight(parts, infos[0].shape[0])
 
 
 def load_vector(gguf: GGUFFile, name: str) -> np.ndarray:

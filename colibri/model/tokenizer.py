@@ -43,7 +43,7 @@ _PRE_SPLITS: dict[str, list[str]] = {
 @lru_cache(maxsize=1)
 def _unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's bytes_to_unicode: printable stand-ins back to raw bytes."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
     table, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -58,7 +58,9 @@ class GGUFTokenizer:
     def __init__(self, gguf: GGUFFile) -> None:
         model = gguf.get("tokenizer.ggml.model")
         if model != "gpt2":
-            raise GGUFError(f"{gguf.path}: tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
+            raise GGUFError(
+                f"{gguf.path}: tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')"
+            )
         tokens: list[str] = gguf.get("tokenizer.ggml.tokens") or []
         merges: list[str] = gguf.get("tokenizer.ggml.merges") or []
         types: list[int] = gguf.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
@@ -81,12 +83,13 @@ class GGUFTokenizer:
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
         self._tok.decoder = decoders.ByteLevel()
-        special = [tok for tok, ty in zip(tokens, types) if ty in (TOKEN_CONTROL, TOKEN_USER_DEFINED)]
+        kept_whole = (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+        special = [tok for tok, ty in zip(tokens, types, strict=True) if ty in kept_whole]
         self._tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
 
         u2b = _unicode_to_byte()
         self._bytes: list[bytes] = []
-        for tok, ty in zip(tokens, types):
+        for tok, ty in zip(tokens, types, strict=True):
             if ty == TOKEN_CONTROL:
                 self._bytes.append(b"")  # control tokens do not render as text
             elif ty == TOKEN_USER_DEFINED:

@@ -1,0 +1,241 @@
+"""The numba kernels against plain numpy: quantized matmul (direct and tiled paths, every supported
+block type, stacked weights), row dequantization, RMSNorm, RoPE, SwiGLU and attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from colibri.model.kernels.attention import attend, store_kv
+from colibri.model.kernels.ops import add_into, rmsnorm, rope, rope_frequencies, swiglu
+from colibri.model.kernels.quant_matmul import (
+    DIRECT_MAX_ROWS,
+    KIND_F32,
+    KIND_Q4,
+    KIND_Q8,
+    dequantize_row,
+    make_weight,
+    qmatmul,
+)
+from colibri.store.quant import BLOCK_GEOMETRY, SUPPORTED, GGMLType, dequantize, quantize
+
+TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1]
+# dequantize_row's BF16 branch shifts a uint32 array by an int literal, which numba types as int64,
+# so the float32 view has twice the row's length and the assignment raises (a colibri bug).
+BF16_ROW_BUG = pytest.mark.xfail(raises=ValueError, strict=True,
+                                 reason="dequantize_row BF16: (uint32 << 16) is int64 in numba")
+KERNEL_TYPES = [pytest.param(t, marks=BF16_ROW_BUG) if t == GGMLType.BF16 else t for t in TYPES]
+T_ROWS = [1, 3, DIRECT_MAX_ROWS, DIRECT_MAX_ROWS + 1, 100]
+EXPECTED_KIND = {GGMLType.Q8_0: KIND_Q8, GGMLType.Q4_0: KIND_Q4, GGMLType.Q4_1: KIND_Q4}
+
+
+def quantized(rng: np.random.Generator, n: int, k: int, gtype: GGMLType) -> tuple[np.ndarray, np.ndarray]:
+    """(raw rows uint8 [n, row_bytes], their reference dequantization float32 [n, k])."""
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    raw = quantize(w, gtype).reshape(n, -1)
+    return raw, dequantize(raw, gtype, n * k).reshape(n, k)
+
+
+def check_matmul(x: np.ndarray, weight, ref_w: np.ndarray) -> None:
+    out = np.full((x.shape[0], ref_w.shape[0]), np.nan, np.float32)
+    qmatmul(x, weight, out)
+    ref = x.astype(np.float64) @ ref_w.T.astype(np.float64)
+    # float32 rounding scales with the terms summed, not with a result that may cancel to ~0
+    bound = 1e-4 * (np.abs(x).astype(np.float64) @ np.abs(ref_w).T.astype(np.float64)) + 1e-6
+    err = np.abs(out - ref)
+    assert np.all(err <= bound), (x.shape, float((err / bound).max()))
+
+
+def test_types_cover_supported():
+    assert set(TYPES) == SUPPORTED
+
+
+@pytest.mark.parametrize("gtype", KERNEL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n,k", [(16, 32), (40, 96), (1000, 576), (17, 576), (300, 64), (5, 64)])
+def test_qmatmul_matches_dequantized_reference(gtype: GGMLType, n: int, k: int):
+    rng = np.random.default_rng(n * 1000 + k + int(gtype))
+    raw, ref_w = quantized(rng, n, k, gtype)
+    weight = make_weight([(raw, int(gtype))], k)
+    assert weight.n_rows == n
+    assert weight.kind == EXPECTED_KIND.get(gtype, KIND_F32)
+    for t in T_ROWS:
+        check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref_w)
+
+
+def test_qmatmul_direct_and_tiled_paths_agree():
+    rng = np.random.default_rng(5)
+    raw, _ = quantized(rng, 300, 128, GGMLType.Q4_1)
+    weight = make_weight([(raw, int(GGMLType.Q4_1))], 128)
+    x = rng.standard_normal((DIRECT_MAX_ROWS + 1, 128)).astype(np.float32)
+    tiled = np.empty((x.shape[0], 300), np.float32)
+    qmatmul(x, weight, tiled)
+    direct = np.empty((DIRECT_MAX_ROWS, 300), np.float32)
+    qmatmul(x[:DIRECT_MAX_ROWS].copy(), weight, direct)
+    single = np.empty((1, 300), np.float32)
+    qmatmul(x[-1:].copy(), weight, single)
+    np.testing.assert_allclose(direct, tiled[:DIRECT_MAX_ROWS], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(single, tiled[-1:], rtol=1e-4, atol=1e-4)
+
+
+def test_stacked_q4_0_and_q4_1_equals_concatenation():
+    rng = np.random.default_rng(6)
+    raw0, w0 = quantized(rng, 40, 96, GGMLType.Q4_0)
+    raw1, w1 = quantized(rng, 24, 96, GGMLType.Q4_1)
+    weight = make_weight([(raw0, int(GGMLType.Q4_0)), (raw1, int(GGMLType.Q4_1))], 96)
+    assert weight.kind == KIND_Q4 and weight.n_rows == 64
+    ref = np.concatenate([w0, w1])
+    for t in T_ROWS:
+        check_matmul(rng.standard_normal((t, 96)).astype(np.float32), weight, ref)
+
+
+def test_mixed_q8_and_q4_stack_widens_to_float32():
+    rng = np.random.default_rng(7)
+    raw0, w0 = quantized(rng, 20, 64, GGMLType.Q8_0)
+    raw1, w1 = quantized(rng, 33, 64, GGMLType.Q4_1)
+    weight = make_weight([(raw0, int(GGMLType.Q8_0)), (raw1, int(GGMLType.Q4_1))], 64)
+    assert weight.kind == KIND_F32 and weight.f.shape == (53, 64)
+    ref = np.concatenate([w0, w1])
+    np.testing.assert_allclose(weight.f, ref, rtol=1e-6, atol=1e-6)
+    for t in (1, 17):
+        check_matmul(rng.standard_normal((t, 64)).astype(np.float32), weight, ref)
+
+
+@pytest.mark.parametrize("gtype", KERNEL_TYPES, ids=lambda t: t.name)
+def test_dequantize_row_matches_reference(gtype: GGMLType):
+    rng = np.random.default_rng(8)
+    raw, ref = quantized(rng, 3, 160, gtype)
+    for r in range(3):
+        out = np.full(160, np.nan, np.float32)
+        dequantize_row(raw[r], int(gtype), out)
+        np.testing.assert_allclose(out, ref[r], rtol=1e-6, atol=1e-6 * np.abs(ref[r]).max())
+
+
+@pytest.mark.parametrize(
+    "gtype,limit",
+    [(GGMLType.F32, 0.0), (GGMLType.F16, 1e-3), (GGMLType.BF16, 5e-3),
+     (GGMLType.Q8_0, 0.01), (GGMLType.Q4_0, 0.10), (GGMLType.Q4_1, 0.10)],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
+def test_quantize_round_trip_error(gtype: GGMLType, limit: float):
+    x = np.random.default_rng(9).standard_normal(32 * 256).astype(np.float32)
+    raw = quantize(x, gtype)
+    per_block, block_bytes = BLOCK_GEOMETRY[gtype]
+    assert raw.dtype == np.uint8 and raw.size == x.size // per_block * block_bytes
+    back = dequantize(raw, gtype, x.size)
+    assert back.dtype == np.float32 and back.shape == x.shape
+    assert np.linalg.norm(back - x) / np.linalg.norm(x) <= limit
+
+
+@pytest.mark.parametrize("gtype", [GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1], ids=lambda t: t.name)
+def test_quantize_zero_block_is_zero(gtype: GGMLType):
+    x = np.zeros(64, np.float32)
+    x[32:] = np.linspace(-1, 1, 32)
+    back = dequantize(quantize(x, gtype), gtype, 64)
+    assert np.all(np.isfinite(back))
+    assert np.array_equal(back[:32], np.zeros(32, np.float32))
+
+
+def test_bf16_rounds_to_nearest_even():
+    bits = np.array([0x3F800000, 0x3F808000, 0x3F818000, 0x3F808001, 0xBF80FFFF], np.uint32)
+    raw = quantize(bits.view(np.float32), GGMLType.BF16)
+    assert raw.view(np.uint16).tolist() == [0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xBF81]
+
+
+def test_rmsnorm():
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((5, 96)).astype(np.float32) * 3
+    w = rng.standard_normal(96).astype(np.float32)
+    out = np.empty_like(x)
+    rmsnorm(x, w, 1e-5, out)
+    ref = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def rope_reference(x: np.ndarray, positions: np.ndarray, n_heads: int, head_dim: int, rope_dim: int,
+                   base: float) -> np.ndarray:
+    out = x.astype(np.float64).copy()
+    for t, pos in enumerate(positions):
+        for h in range(n_heads):
+            for i in range(rope_dim // 2):
+                theta = pos * base ** (-2.0 * i / rope_dim)
+                j = h * head_dim + 2 * i
+                a, b = out[t, j], out[t, j + 1]
+                out[t, j] = a * np.cos(theta) - b * np.sin(theta)
+                out[t, j + 1] = a * np.sin(theta) + b * np.cos(theta)
+    return out
+
+
+@pytest.mark.parametrize("rope_dim", [16, 8])  # full and partial rotary
+def test_rope(rope_dim: int):
+    n_heads, head_dim, base = 3, 16, 10000.0
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((4, n_heads * head_dim)).astype(np.float32)
+    positions = np.array([0, 1, 7, 4000], np.int32)
+    inv = rope_frequencies(head_dim, rope_dim, base)
+    np.testing.assert_allclose(inv, base ** (-np.arange(0, rope_dim, 2) / rope_dim), rtol=1e-12)
+    y = x.copy()
+    rope(y, positions, n_heads, head_dim, inv)
+    np.testing.assert_allclose(y, rope_reference(x, positions, n_heads, head_dim, rope_dim, base),
+                               rtol=1e-5, atol=1e-5)
+    assert np.array_equal(y[0], x[0])  # position 0 does not rotate
+    if rope_dim < head_dim:
+        tail = np.concatenate([np.arange(rope_dim, head_dim) + h * head_dim for h in range(n_heads)])
+        assert np.array_equal(y[:, tail], x[:, tail])
+
+
+def test_swiglu_and_add_into():
+    rng = np.random.default_rng(12)
+    gate = rng.standard_normal((3, 40)).astype(np.float32) * 4
+    up = rng.standard_normal((3, 40)).astype(np.float32)
+    g = gate.copy()
+    swiglu(g, up)
+    g64 = gate.astype(np.float64)
+    np.testing.assert_allclose(g, g64 / (1 + np.exp(-g64)) * up, rtol=1e-5, atol=1e-6)
+    acc = gate.copy()
+    add_into(acc, up)
+    np.testing.assert_allclose(acc, gate + up, rtol=0, atol=0)
+
+
+def attention_reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n_heads: int, n_kv: int,
+                        head_dim: int) -> np.ndarray:
+    """One row: q (n_heads*head_dim), keys/values (n_positions, n_kv, head_dim)."""
+    out = np.empty(n_heads * head_dim)
+    for h in range(n_heads):
+        kh = h // (n_heads // n_kv)
+        qh = q[h * head_dim : (h + 1) * head_dim].astype(np.float64)
+        s = keys[:, kh] @ qh / np.sqrt(head_dim)
+        p = np.exp(s - s.max())
+        out[h * head_dim : (h + 1) * head_dim] = (p / p.sum()) @ values[:, kh]
+    return out
+
+
+def test_attention_ragged_batch_two_slots_gqa():
+    n_heads, n_kv, head_dim, n_layers, n_ctx, layer = 4, 2, 16, 2, 32, 1
+    rng = np.random.default_rng(13)
+    k_cache = np.zeros((2, n_layers, n_ctx, n_kv, head_dim), np.float32)
+    v_cache = np.zeros_like(k_cache)
+    hist_k = {s: rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float32) * 2 for s in (0, 1)}
+    hist_v = {s: rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float32) for s in (0, 1)}
+
+    def step(slots: list[int], positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        sl, ps = np.array(slots, np.int32), np.array(positions, np.int32)
+        k = np.stack([hist_k[s][p].reshape(-1) for s, p in zip(slots, positions, strict=True)])
+        v = np.stack([hist_v[s][p].reshape(-1) for s, p in zip(slots, positions, strict=True)])
+        store_kv(k, v, k_cache, v_cache, layer, sl, ps, n_kv, head_dim)
+        q = rng.standard_normal((len(slots), n_heads * head_dim)).astype(np.float32)
+        out = np.full_like(q, np.nan)
+        attend(q, k_cache, v_cache, layer, sl, ps, n_heads, n_kv, head_dim, out)
+        return q, out
+
+    step([1] * 7, list(range(7)))  # slot 1 already holds 7 positions
+    slots, positions = [0, 0, 0, 0, 0, 1, 1], [0, 1, 2, 3, 4, 7, 8]  # a prefill and two decodes
+    q, out = step(slots, positions)
+    for t, (s, p) in enumerate(zip(slots, positions, strict=True)):
+        ref = attention_reference(q[t], hist_k[s][: p + 1], hist_v[s][: p + 1], n_heads, n_kv, head_dim)
+        np.testing.assert_allclose(out[t], ref, rtol=1e-4, atol=1e-5)
+    # a row at position 0 sees only its own value
+    np.testing.assert_allclose(out[0].reshape(n_heads, head_dim),
+                               hist_v[0][0][np.arange(n_heads) // 2], rtol=1e-5, atol=1e-6)
+    assert np.array_equal(k_cache[1, layer, :9], hist_k[1][:9])
+    assert np.array_equal(v_cache[0, layer, :5], hist_v[0][:5])
+    assert not k_cache[:, 0].any() and not k_cache[0, layer, 5:].any() and not v_cache[1, layer, 9:].any()
