@@ -40,7 +40,7 @@ def colibri_decode(model: Model, n: int) -> float:
     logits = seq.prefill(random_prompt(16, model.hp.n_vocab))[-1]
     start = time.perf_counter()
     for _ in range(n):
-        logits = seq._step(np.array([int(np.argmax(logits))]), False)[-1]
+        logits = seq.step(np.array([int(np.argmax(logits))]), False)[-1]
     return n / (time.perf_counter() - start)
 
 

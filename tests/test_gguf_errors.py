@@ -196,6 +196,12 @@ def test_row_not_whole_blocks(tmp_path):
     expect_error(write(tmp_path, "odd.gguf", blob), "'odd'", "Q8_0")
 
 
+@pytest.mark.parametrize("shape", [(32, 2**62, 4), (2**64 - 32, 1), (0, 2)])
+def test_corrupt_shape_overflowing_the_element_count(tmp_path, shape):
+    blob, _ = build([("blk.0.ffn_up.weight", shape, int(GGMLType.Q8_0), b"")])
+    expect_error(write(tmp_path, "huge.gguf", blob), "'blk.0.ffn_up.weight'")
+
+
 def test_known_but_unsupported_type_opens_then_require_supported_raises(tmp_path):
     blob, _ = build([q8_tensor("a"), ("ffn_down.weight", (256, 2), 13, b"\0" * 352)])
     path = write(tmp_path, "q5k.gguf", blob)

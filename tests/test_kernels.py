@@ -20,11 +20,7 @@ from colibri.model.kernels.quant_matmul import (
 from colibri.store.quant import BLOCK_GEOMETRY, SUPPORTED, GGMLType, dequantize, quantize
 
 TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1]
-# dequantize_row's BF16 branch shifts a uint32 array by an int literal, which numba types as int64,
-# so the float32 view has twice the row's length and the assignment raises (a colibri bug).
-BF16_ROW_BUG = pytest.mark.xfail(raises=ValueError, strict=True,
-                                 reason="dequantize_row BF16: (uint32 << 16) is int64 in numba")
-KERNEL_TYPES = [pytest.param(t, marks=BF16_ROW_BUG) if t == GGMLType.BF16 else t for t in TYPES]
+
 T_ROWS = [1, 3, DIRECT_MAX_ROWS, DIRECT_MAX_ROWS + 1, 100]
 EXPECTED_KIND = {GGMLType.Q8_0: KIND_Q8, GGMLType.Q4_0: KIND_Q4, GGMLType.Q4_1: KIND_Q4}
 
@@ -50,7 +46,7 @@ def test_types_cover_supported():
     assert set(TYPES) == SUPPORTED
 
 
-@pytest.mark.parametrize("gtype", KERNEL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("gtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n,k", [(16, 32), (40, 96), (1000, 576), (17, 576), (300, 64), (5, 64)])
 def test_qmatmul_matches_dequantized_reference(gtype: GGMLType, n: int, k: int):
     rng = np.random.default_rng(n * 1000 + k + int(gtype))
@@ -100,7 +96,7 @@ def test_mixed_q8_and_q4_stack_widens_to_float32():
         check_matmul(rng.standard_normal((t, 64)).astype(np.float32), weight, ref)
 
 
-@pytest.mark.parametrize("gtype", KERNEL_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("gtype", TYPES, ids=lambda t: t.name)
 def test_dequantize_row_matches_reference(gtype: GGMLType):
     rng = np.random.default_rng(8)
     raw, ref = quantized(rng, 3, 160, gtype)

@@ -23,6 +23,7 @@ class Timings:
     generated_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    decode_steps: int = 0  # forward steps of one token (the first token comes from the prefill)
     ids: list[int] = field(default_factory=list)
 
     @property
@@ -31,9 +32,7 @@ class Timings:
 
     @property
     def decode_tps(self) -> float:
-        # the first generated token comes out of the prefill step, the rest from decode steps
-        steps = max(0, self.generated_tokens - 1)
-        return steps / self.decode_s if self.decode_s else 0.0
+        return self.decode_steps / self.decode_s if self.decode_s else 0.0
 
 
 class Sequence:
@@ -44,7 +43,7 @@ class Sequence:
         self.kv = KVCache(net.hp, 1, n_ctx)
         self.n_past = 0
 
-    def _step(self, tokens: np.ndarray, all_logits: bool) -> np.ndarray:
+    def step(self, tokens: np.ndarray, all_logits: bool) -> np.ndarray:
         n = tokens.shape[0]
         if self.n_past + n > self.kv.n_ctx:
             raise ColibriError(f"context exceeded: {self.n_past + n} tokens, limit {self.kv.n_ctx}")
@@ -60,7 +59,7 @@ class Sequence:
         if not prompt:
             raise ColibriError("empty prompt")
         ids = np.asarray(prompt, dtype=np.int64)
-        out = [self._step(ids[i : i + self.chunk], all_logits) for i in range(0, len(ids), self.chunk)]
+        out = [self.step(ids[i : i + self.chunk], all_logits) for i in range(0, len(ids), self.chunk)]
         return np.concatenate(out) if all_logits else out[-1]
 
     def generate(
@@ -85,5 +84,6 @@ class Sequence:
             yield token
             if i + 1 == max_tokens or self.n_past >= self.kv.n_ctx:
                 break
-            logits = self._step(np.array([token]), False)[-1]
+            logits = self.step(np.array([token]), False)[-1]
+            t.decode_steps += 1
             t.decode_s = time.perf_counter() - decode_start

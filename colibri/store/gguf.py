@@ -8,6 +8,7 @@ and, where there is one, the tensor.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -69,7 +70,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
 
 class _Cursor:
@@ -180,7 +181,9 @@ class GGUFFile:
         if gtype not in BLOCK_GEOMETRY:
             raise GGUFError(f"{self.path}: tensor {name!r} has unknown block type {gtype.name}")
         per_block, block_bytes = BLOCK_GEOMETRY[gtype]
-        n = int(np.prod(shape, dtype=np.int64))
+        n = math.prod(shape)  # Python ints: a corrupt shape cannot overflow past the checks
+        if n == 0:
+            raise GGUFError(f"{self.path}: tensor {name!r} has an empty shape {list(shape)}")
         if shape[0] % per_block:
             raise GGUFError(
                 f"{self.path}: tensor {name!r} row of {shape[0]} is not whole {gtype.name} blocks"

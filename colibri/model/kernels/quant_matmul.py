@@ -139,7 +139,8 @@ def dequantize_row(w: np.ndarray, gtype: int, out: np.ndarray) -> None:
         for i in range(k):
             out[i] = _half(w[2 * i], w[2 * i + 1])
     elif gtype == T_BF16:
-        out[:] = (w[: 2 * k].view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        bits = w[: 2 * k].view(np.uint16).astype(np.uint32) << np.uint32(16)  # stays uint32
+        out[:] = bits.view(np.float32)
 
 
 @nb.njit(inline="always", **_JIT)
