@@ -2,18 +2,21 @@
 
 GGUF stores a matrix row by row, each row a run of 32-element blocks with their own scale. A
 kernel walking a row must reduce every block horizontally, which SIMD does badly, so for decode
-each quantized matrix is also *packed* at load: 16 rows are interleaved block by block,
+each quantized matrix is also *packed* at load: GROUP (32) rows are interleaved block by block,
 
-    q[g, b, j, r]   quant j of block b of row 16*g + r   (Q4: a byte of two nibbles, Q8: int8)
+    q[g, b, j, r]   quant j of block b of row 32*g + r   (Q4: a byte of two nibbles, Q8: int8)
     d[g, b, r]      that block's scale;  m[g, b, r] its offset (Q4_1's min, -8*d for Q4_0)
 
-so a block of 16 rows is one contiguous run of bytes that vectorizes as a flat loop, and the
-per-row reduction is a 4-step tree over 16 lanes. The bits stay 4- or 8-bit; only the scales widen
-to float32. That is the *direct* path, for a few activation rows (decode).
+so a block of 32 rows is one contiguous run of bytes that vectorizes as a flat loop, and the
+per-row reduction is a short tree of flat loops over the lanes. The bits stay 4- or 8-bit; only the
+scales widen to float32. That is the *direct* path, for a few activation rows (decode).
 
-For many rows (prefill, big batches) the *tiled* path dequantizes a tile of rows from the raw GGUF
-bytes into float32 and lets BLAS (``np.dot`` inside numba) multiply: the expansion is paid once per
-tile and reused by every activation row; the whole matrix is never expanded.
+For many rows (prefill, big batches) the *tiled* path dequantizes a tile of rows into float32 and
+lets BLAS (``np.dot`` inside numba) multiply: the expansion is paid once per tile and reused by
+every activation row; the whole matrix is never expanded.
+
+numba widens integer arithmetic on small types to int64, which quarters the SIMD lanes; the kernels
+therefore split nibbles in float32 arithmetic (``_nibbles``) and convert bytes without arithmetic.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ TILE_ROWS = 256
 # Runs of row groups the direct path splits a matrix into for its threads (a constant: numba
 # cannot cache code that asks for the thread count).
 MAX_CHUNKS = 32
-GROUP = 16  # rows interleaved by packing: one AVX-512 vector of float32
+# Rows interleaved by packing. 32, not 16 (one AVX-512 vector): the per-block loops over the
+# lanes must be long enough for LLVM to vectorize them (measured: 4x cheaper per row).
+GROUP = 32
 
 KIND_F32, KIND_Q4, KIND_Q8 = 0, 1, 2
 
@@ -153,63 +158,64 @@ def dequantize_row(w: np.ndarray, gtype: int, out: np.ndarray) -> None:
 
 
 @nb.njit(inline="always", **_JIT)
-def _fold16(a: np.ndarray, n: int) -> None:
-    """a[0:16] = sum of the 16-lane groups of a[0:n], n in (256, 512): a tree of flat loops,
-    which vectorize, unlike a loop over 16 lanes."""
-    if n == 512:
-        for i in range(256):
-            a[i] += a[i + 256]
+def _fold(a: np.ndarray, n: int) -> None:
+    """Sum the lane groups of a[0:n] (n = 512 or 1024) down to a[0:64], two per lane: a tree of
+    flat loops, which vectorize (a loop over only GROUP lanes does not, for want of no-alias)."""
+    if n == 1024:
+        for i in range(512):
+            a[i] += a[i + 512]
+    for i in range(256):
+        a[i] += a[i + 256]
     for i in range(128):
         a[i] += a[i + 128]
     for i in range(64):
         a[i] += a[i + 64]
-    for i in range(32):
-        a[i] += a[i + 32]
-    for i in range(16):
-        a[i] += a[i + 16]
 
 
 @nb.njit(**_JIT)
 def _direct_group(w: Weight, g: int, xe: np.ndarray, xs: np.ndarray, lo: np.ndarray,
                   hi: np.ndarray, a: np.ndarray, acc: np.ndarray) -> None:
-    """acc[t, r] = row 16g+r of W dotted with activation row t."""
+    """acc[t, r] = row GROUP*g + r of W dotted with activation row t."""
     t_rows, n_blocks, span = xe.shape[0], w.q.shape[1], a.shape[0]
     q4 = w.kind == KIND_Q4
     acc[:, :] = 0.0
     for b in range(n_blocks):
         qb = w.q[g, b].reshape(span)
         if t_rows > 1:  # decode the block once, for every activation row
-            for i in range(span):
-                if q4:
+            if q4:
+                for i in range(span):
                     lo[i], hi[i] = _nibbles(qb[i])
-                else:
+            else:
+                for i in range(span):
                     lo[i] = np.float32(np.int8(qb[i]))
         for t in range(t_rows):
             xl = xe[t, b, 0]
-            xh = xe[t, b, xe.shape[2] - 1]
-            if t_rows == 1:  # a single row: decode and multiply in one pass
+            if t_rows == 1 and q4:  # a single row: decode and multiply in one pass
+                xh = xe[t, b, 1]
                 for i in range(span):
-                    if q4:
-                        low, high = _nibbles(qb[i])
-                        a[i] = low * xl[i] + high * xh[i]
-                    else:
-                        a[i] = np.float32(np.int8(qb[i])) * xl[i]
+                    low, high = _nibbles(qb[i])
+                    a[i] = low * xl[i] + high * xh[i]
+            elif t_rows == 1:
+                for i in range(span):
+                    a[i] = np.float32(np.int8(qb[i])) * xl[i]
             elif q4:
+                xh = xe[t, b, 1]
                 for i in range(span):
                     a[i] = lo[i] * xl[i] + hi[i] * xh[i]
             else:
                 for i in range(span):
                     a[i] = lo[i] * xl[i]
-            _fold16(a, span)
+            _fold(a, span)
+            acc_t, d, m, xsum = acc[t], w.d[g, b], w.m[g, b], xs[t, b]
             for r in range(GROUP):
-                acc[t, r] += w.d[g, b, r] * a[r] + w.m[g, b, r] * xs[t, b]
+                acc_t[r] += d[r] * (a[r] + a[r + GROUP]) + m[r] * xsum
 
 
 @nb.njit(parallel=True, **_JIT)
 def _direct(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     t_rows = x.shape[0]
     n_groups, n_blocks, per = w.q.shape[0], w.q.shape[1], w.q.shape[2]
-    span = per * GROUP  # bytes of one block of a group: 256 (Q4) or 512 (Q8)
+    span = per * GROUP  # bytes of one block of a group: 512 (Q4) or 1024 (Q8)
     q4 = w.kind == KIND_Q4
     # Activations spread to the packed order: xe[t, b, h, i] multiplies byte i of block b
     # (h = 0: the low nibble or the int8, h = 1: the high nibble).
@@ -218,10 +224,10 @@ def _direct(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     for t in range(t_rows):
         for b in range(n_blocks):
             for i in range(span):
-                xe[t, b, 0, i] = x[t, b * 32 + (i >> 4)]
+                xe[t, b, 0, i] = x[t, b * 32 + i // GROUP]
             if q4:
                 for i in range(span):
-                    xe[t, b, 1, i] = x[t, b * 32 + 16 + (i >> 4)]
+                    xe[t, b, 1, i] = x[t, b * 32 + 16 + i // GROUP]
             for i in range(32):
                 xs[t, b] += x[t, b * 32 + i]
     n_chunks = min(n_groups, MAX_CHUNKS)
