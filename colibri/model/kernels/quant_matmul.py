@@ -7,8 +7,8 @@ each quantized matrix is also *packed* at load: GROUP (32) rows are interleaved 
     q[g, b, j, r]   quant j of block b of row 32*g + r   (Q4: a byte of two nibbles, Q8: int8)
     d[g, b, r]      that block's scale;  m[g, b, r] its offset (Q4_1's min, -8*d for Q4_0)
 
-so a block of 32 rows is one contiguous run of bytes that vectorizes as a flat loop, and the
-per-row reduction is a short tree of flat loops over the lanes. The bits stay 4- or 8-bit; only the
+so the 32 rows of a group are 32 SIMD lanes: each quant position j is one vector of weights times
+one broadcast activation, with no horizontal sums at all. The bits stay 4- or 8-bit; only the
 scales widen to float32. That is the *direct* path, for a few activation rows (decode).
 
 For many rows (prefill, big batches) the *tiled* path dequantizes a tile of rows into float32 and
@@ -35,8 +35,8 @@ TILE_ROWS = 256
 # Runs of row groups the direct path splits a matrix into for its threads (a constant: numba
 # cannot cache code that asks for the thread count).
 MAX_CHUNKS = 32
-# Rows interleaved by packing. 32, not 16 (one AVX-512 vector): the per-block loops over the
-# lanes must be long enough for LLVM to vectorize them (measured: 4x cheaper per row).
+# Rows interleaved by packing: the SIMD lanes of the direct path. 32, not 16 (one AVX-512
+# vector): LLVM leaves the 16-trip lane loops scalar and vectorizes the 32-trip ones.
 GROUP = 32
 
 KIND_F32, KIND_Q4, KIND_Q8 = 0, 1, 2
@@ -157,87 +157,74 @@ def dequantize_row(w: np.ndarray, gtype: int, out: np.ndarray) -> None:
         out[:] = bits.view(np.float32)
 
 
-@nb.njit(inline="always", **_JIT)
-def _fold(a: np.ndarray, n: int) -> None:
-    """Sum the lane groups of a[0:n] (n = 512 or 1024) down to a[0:64], two per lane: a tree of
-    flat loops, which vectorize (a loop over only GROUP lanes does not, for want of no-alias)."""
-    if n == 1024:
-        for i in range(512):
-            a[i] += a[i + 512]
-    for i in range(256):
-        a[i] += a[i + 256]
-    for i in range(128):
-        a[i] += a[i + 128]
-    for i in range(64):
-        a[i] += a[i + 64]
-
-
 @nb.njit(**_JIT)
-def _direct_group(w: Weight, g: int, xe: np.ndarray, xs: np.ndarray, lo: np.ndarray,
+def _direct_group(w: Weight, g: int, x: np.ndarray, xs: np.ndarray, lo: np.ndarray,
                   hi: np.ndarray, a: np.ndarray, acc: np.ndarray) -> None:
-    """acc[t, r] = row GROUP*g + r of W dotted with activation row t."""
-    t_rows, n_blocks, span = xe.shape[0], w.q.shape[1], a.shape[0]
-    q4 = w.kind == KIND_Q4
+    """acc[t, r] = row GROUP*g + r of W dotted with activation row t.
+
+    For each quant j of a block, the GROUP lanes (one per row) are multiplied by the same
+    activation x[t, 32b + j]; the block's sum a[t, r] is then scaled once by d and offset by m.
+    """
+    t_rows, n_blocks = x.shape[0], w.q.shape[1]
     acc[:, :] = 0.0
     for b in range(n_blocks):
-        qb = w.q[g, b].reshape(span)
-        if t_rows > 1:  # decode the block once, for every activation row
-            if q4:
-                for i in range(span):
-                    lo[i], hi[i] = _nibbles(qb[i])
-            else:
-                for i in range(span):
-                    lo[i] = np.float32(np.int8(qb[i]))
+        a[:, :] = 0.0
+        qb = w.q[g, b]
+        if w.kind == KIND_Q4 and t_rows == 1:  # one row: decode and multiply in one pass
+            a0 = a[0]
+            for j in range(16):
+                qj, xl, xh = qb[j], x[0, b * 32 + j], x[0, b * 32 + 16 + j]
+                for r in range(GROUP):
+                    low, high = _nibbles(qj[r])
+                    a0[r] += low * xl + high * xh
+        elif w.kind == KIND_Q4:  # decode once, for every activation row
+            for j in range(16):
+                qj = qb[j]
+                for r in range(GROUP):
+                    lo[r], hi[r] = _nibbles(qj[r])
+                for t in range(t_rows):
+                    at, xl, xh = a[t], x[t, b * 32 + j], x[t, b * 32 + 16 + j]
+                    for r in range(GROUP):
+                        at[r] += lo[r] * xl + hi[r] * xh
+        elif t_rows == 1:
+            a0 = a[0]
+            for j in range(32):
+                qj, xj = qb[j], x[0, b * 32 + j]
+                for r in range(GROUP):
+                    a0[r] += np.float32(np.int8(qj[r])) * xj
+        else:
+            for j in range(32):
+                qj = qb[j]
+                for r in range(GROUP):
+                    lo[r] = np.float32(np.int8(qj[r]))
+                for t in range(t_rows):
+                    at, xj = a[t], x[t, b * 32 + j]
+                    for r in range(GROUP):
+                        at[r] += lo[r] * xj
+        d, m = w.d[g, b], w.m[g, b]
         for t in range(t_rows):
-            xl = xe[t, b, 0]
-            if t_rows == 1 and q4:  # a single row: decode and multiply in one pass
-                xh = xe[t, b, 1]
-                for i in range(span):
-                    low, high = _nibbles(qb[i])
-                    a[i] = low * xl[i] + high * xh[i]
-            elif t_rows == 1:
-                for i in range(span):
-                    a[i] = np.float32(np.int8(qb[i])) * xl[i]
-            elif q4:
-                xh = xe[t, b, 1]
-                for i in range(span):
-                    a[i] = lo[i] * xl[i] + hi[i] * xh[i]
-            else:
-                for i in range(span):
-                    a[i] = lo[i] * xl[i]
-            _fold(a, span)
-            acc_t, d, m, xsum = acc[t], w.d[g, b], w.m[g, b], xs[t, b]
+            at, acc_t, xsum = a[t], acc[t], xs[t, b]
             for r in range(GROUP):
-                acc_t[r] += d[r] * (a[r] + a[r + GROUP]) + m[r] * xsum
+                acc_t[r] += d[r] * at[r] + m[r] * xsum
 
 
 @nb.njit(parallel=True, **_JIT)
 def _direct(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     t_rows = x.shape[0]
-    n_groups, n_blocks, per = w.q.shape[0], w.q.shape[1], w.q.shape[2]
-    span = per * GROUP  # bytes of one block of a group: 512 (Q4) or 1024 (Q8)
-    q4 = w.kind == KIND_Q4
-    # Activations spread to the packed order: xe[t, b, h, i] multiplies byte i of block b
-    # (h = 0: the low nibble or the int8, h = 1: the high nibble).
-    xe = np.empty((t_rows, n_blocks, 2 if q4 else 1, span), np.float32)
-    xs = np.zeros((t_rows, n_blocks), np.float32)
+    n_groups, n_blocks = w.q.shape[0], w.q.shape[1]
+    xs = np.zeros((t_rows, n_blocks), np.float32)  # block sums of x, for the offsets m
     for t in range(t_rows):
         for b in range(n_blocks):
-            for i in range(span):
-                xe[t, b, 0, i] = x[t, b * 32 + i // GROUP]
-            if q4:
-                for i in range(span):
-                    xe[t, b, 1, i] = x[t, b * 32 + 16 + i // GROUP]
             for i in range(32):
                 xs[t, b] += x[t, b * 32 + i]
     n_chunks = min(n_groups, MAX_CHUNKS)
     for c in nb.prange(n_chunks):  # runs of groups, each with its scratch allocated once
-        lo = np.empty(span, np.float32)
-        hi = np.empty(span, np.float32)
-        a = np.empty(span, np.float32)
+        lo = np.empty(GROUP, np.float32)
+        hi = np.empty(GROUP, np.float32)
+        a = np.empty((t_rows, GROUP), np.float32)
         acc = np.empty((t_rows, GROUP), np.float32)
         for g in range(c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks):
-            _direct_group(w, g, xe, xs, lo, hi, a, acc)
+            _direct_group(w, g, x, xs, lo, hi, a, acc)
             for r in range(min(GROUP, w.n_rows - g * GROUP)):
                 for t in range(t_rows):
                     out[t, g * GROUP + r] = acc[t, r]
