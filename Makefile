@@ -13,6 +13,7 @@ PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON 
 .PHONY: install serve test lint bench peer clean
 
 install: $(STAMP) $(MODEL_STAMP)
+	@:
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)

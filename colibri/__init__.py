@@ -1,11 +1,27 @@
 """colibri: a Python inference engine for large language models, Mixture-of-Experts first."""
 
+import hashlib
 import os
+from pathlib import Path
+
+__version__ = "0.1.0"
 
 # BLAS runs inside numba's parallel regions, one tile per thread: its own thread pool would
 # fight numba's spinning OpenMP threads for the cores (colibri/model/kernels/__init__.py).
 # Set before numpy or scipy first load OpenBLAS.
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS_BLAS"):
-    os.environ.setdefault(_var, "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-__version__ = "0.1.0"
+
+def _numba_cache_dir() -> str:
+    """numba checks a cached function against its own file only, not the files of the functions it
+    calls: after an edit to a kernel, a caller's stale machine code can crash. So the cache lives in
+    a folder named for a hash of the sources the compiled code comes from; an edit starts afresh."""
+    digest = hashlib.sha256(__version__.encode())
+    here = Path(__file__).parent
+    for path in sorted([*here.glob("model/**/*.py"), *here.glob("store/*.py")]):
+        digest.update(path.read_bytes())
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "colibri"
+    return str(base / f"numba-{digest.hexdigest()[:16]}")
+
+
+os.environ.setdefault("NUMBA_CACHE_DIR", _numba_cache_dir())
