@@ -1,0 +1,260 @@
+"""The legacy protocol (single slot, interactive; ``coli chat``), sans-IO.
+
+Input: a plain line is a user message; control frames start with ``\\x02``:
+``\\x02RESET`` clears the conversation, ``\\x02MORE`` continues an answer cut by the token limit,
+``\\x02PROMPT <bytes> <max_tokens> <temperature> <top_p> [kv_slot]\\n<prompt>\\n`` sends a fully
+rendered prompt (the pre-mux API mode). Output: the answer as raw UTF-8 text, then the END sentinel
+line and a STAT line. A rejected input is answered ``\x01\x01ERROR <CODE>\x01\x01``, then END and
+STAT, so a client waiting for END never hangs. Framing errors resynchronise as in the mux protocol.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from colibri.io.buffer import ReceiveBuffer
+from colibri.io.events import EndOfInput, ErrorCode, ProtocolError
+
+SENTINEL = b"\x01\x01"
+END_LINE = b"\x01\x01END\x01\x01"
+ERROR_PREFIX = b"\x01\x01ERROR "  # \x01\x01ERROR <CODE>\x01\x01: no answer text can look like it
+CONTROL = b"\x02"
+# An interactive line is typed by a person or pasted: 1 MiB bounds what we buffer.
+MAX_LINE = 1 << 20
+MAX_PAYLOAD = 16 << 20  # as the mux protocol
+MAX_TOKENS_LIMIT = 1 << 20
+
+
+@dataclass(frozen=True)
+class UserLine:
+    text: str
+
+
+@dataclass(frozen=True)
+class Reset:
+    pass
+
+
+@dataclass(frozen=True)
+class More:
+    pass
+
+
+@dataclass(frozen=True)
+class RawPrompt:
+    prompt: str
+    max_tokens: int
+    temperature: float
+    top_p: float
+    slot: int = 0
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Part of an answer's text (engine -> client)."""
+
+    text: bytes
+
+
+@dataclass(frozen=True)
+class End:
+    """End of an answer: the END sentinel and the STAT line (fields as the mux DONE's STAT)."""
+
+    emitted: int = 0
+    tok_s: float = 0.0
+    hit_pct: float = 0.0
+    rss_gb: float = 0.0
+    prompt_tokens: int = 0
+    length_limited: bool = False
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A rejected input (engine -> client): ``ERROR <CODE>`` then End."""
+
+    code: ErrorCode
+
+
+LegacyInput = UserLine | Reset | More | RawPrompt | ProtocolError | EndOfInput
+
+
+class LegacyReader:
+    """Engine side: bytes from the client -> inputs."""
+
+    def __init__(self) -> None:
+        self._buf = ReceiveBuffer()
+        self._frame: tuple[int, RawPrompt | None] | None = None
+        self._drop_line = False
+        self._eof = False
+
+    def receive_data(self, data: bytes) -> list[LegacyInput]:
+        if self._eof:
+            return []
+        if data:
+            self._buf.feed(data)
+        out = self._parse()
+        if not data:
+            self._eof = True
+            if self._frame is not None:
+                out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "EOF in a PROMPT frame"))
+            elif len(self._buf) and not self._drop_line:
+                out.extend(self._line(self._buf.take(len(self._buf)) or b""))  # a last unterminated line
+            out.append(EndOfInput())
+        return out
+
+    def _parse(self) -> list[LegacyInput]:
+        out: list[LegacyInput] = []
+        while True:
+            if self._drop_line:
+                if not self._buf.skip_line():
+                    return out
+                self._drop_line = False
+            if self._frame is not None:
+                n, header = self._frame
+                if len(self._buf) < n + 1:
+                    return out
+                payload = self._buf.take(n) or b""
+                self._frame = None
+                if self._buf.take(1) != b"\n":
+                    out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "payload not followed by newline"))
+                    self._drop_line = True
+                    continue
+                if header is None:
+                    continue
+                try:
+                    text = payload.decode("utf-8")
+                except UnicodeDecodeError:
+                    out.append(ProtocolError(0, ErrorCode.BAD_REQUEST, "payload is not UTF-8"))
+                    continue
+                if not text:
+                    out.append(ProtocolError(0, ErrorCode.EMPTY_PROMPT))
+                    continue
+                out.append(RawPrompt(text, header.max_tokens, header.temperature, header.top_p, header.slot))
+                continue
+            line = self._buf.take_line()
+            if line is None:
+                if len(self._buf) > MAX_LINE:
+                    out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "line too long"))
+                    self._drop_line = True
+                    continue
+                return out
+            out.extend(self._line(line))
+
+    def _line(self, line: bytes) -> list[LegacyInput]:
+        if line.endswith(b"\r"):
+            line = line[:-1]  # a terminal or a Windows client: the CR is not part of the message
+        if len(line) > MAX_LINE:
+            return [ProtocolError(0, ErrorCode.BAD_FRAME, "line too long")]
+        if not line.startswith(CONTROL):
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                return [ProtocolError(0, ErrorCode.BAD_REQUEST, "line is not UTF-8")]
+            if not text.strip():
+                return [ProtocolError(0, ErrorCode.EMPTY_PROMPT)]
+            return [UserLine(text)]
+        fields = line[1:].split(b" ")
+        if fields == [b"RESET"]:
+            return [Reset()]
+        if fields == [b"MORE"]:
+            return [More()]
+        if fields[0] != b"PROMPT" or len(fields) not in (5, 6):
+            return [ProtocolError(0, ErrorCode.BAD_REQUEST, f"unknown control frame {line[:32]!r}")]
+        try:
+            n = int(fields[1]) if fields[1].isdigit() else -1
+            if not 0 <= n <= MAX_PAYLOAD:
+                raise ValueError
+        except ValueError:
+            return [ProtocolError(0, ErrorCode.BAD_REQUEST, "bad PROMPT byte count")]
+        try:
+            if not fields[2].isdigit() or int(fields[2]) > MAX_TOKENS_LIMIT:
+                raise ValueError
+            temperature, top_p = float(fields[3]), float(fields[4])
+            slot = int(fields[5]) if len(fields) == 6 and fields[5].isdigit() else 0
+            if len(fields) == 6 and not fields[5].isdigit():
+                raise ValueError
+            if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1):
+                raise ValueError
+        except ValueError:
+            self._frame = (n, None)
+            return [ProtocolError(0, ErrorCode.BAD_REQUEST, "bad PROMPT field")]
+        self._frame = (n, RawPrompt("", int(fields[2]), temperature, top_p, slot))
+        return []
+
+
+def encode_output(event: Answer | End | Failed) -> bytes:
+    match event:
+        case Answer(text=text):
+            return text
+        case End():
+            e = event
+            return END_LINE + b"\n" + (
+                f"STAT {e.emitted} {e.tok_s:.2f} {e.hit_pct:.1f} {e.rss_gb:.2f} "
+                f"{e.prompt_tokens} {int(e.length_limited)}\n"
+            ).encode()
+        case Failed(code=code):
+            return ERROR_PREFIX + str(code).encode() + SENTINEL + b"\n"
+    raise TypeError(f"not a legacy output: {event!r}")
+
+
+def encode_input(event: UserLine | Reset | More | RawPrompt) -> bytes:
+    match event:
+        case UserLine(text=text):
+            return text.replace("\n", " ").encode() + b"\n"
+        case Reset():
+            return CONTROL + b"RESET\n"
+        case More():
+            return CONTROL + b"MORE\n"
+        case RawPrompt():
+            e = event
+            payload = e.prompt.encode()
+            head = f"PROMPT {len(payload)} {e.max_tokens} {e.temperature:g} {e.top_p:g} {e.slot}\n"
+            return CONTROL + head.encode() + payload + b"\n"
+    raise TypeError(f"not a legacy input: {event!r}")
+
+
+class OutputReader:
+    """Client side (``coli chat``): engine bytes -> Answer text chunks, Failed, End.
+
+    Answer text never contains ``\x01`` (the engine drops it), so text flows through up to the
+    first ``\x01``, which starts a sentinel line (END or ERROR) that is held back until complete."""
+
+    def __init__(self) -> None:
+        self._buf = ReceiveBuffer()
+        self._stat_next = False
+
+    def receive_data(self, data: bytes) -> list[Answer | End | Failed]:
+        self._buf.feed(data)
+        out: list[Answer | End | Failed] = []
+        while True:
+            if self._stat_next:
+                line = self._buf.take_line()
+                if line is None:
+                    return out
+                self._stat_next = False
+                f = line.decode(errors="replace").split(" ")
+                try:
+                    out.append(End(int(f[1]), float(f[2]), float(f[3]), float(f[4]), int(f[5]), f[6] == "1"))
+                except (ValueError, IndexError):
+                    out.append(End())
+                continue
+            raw = self._buf.peek(len(self._buf))
+            i = raw.find(SENTINEL[:1])
+            if i < 0:
+                if raw:
+                    out.append(Answer(self._buf.take(len(raw)) or b""))
+                return out
+            if i:
+                out.append(Answer(self._buf.take(i) or b""))
+                continue
+            line = self._buf.take_line()
+            if line is None:
+                return out
+            if line == END_LINE:
+                self._stat_next = True
+            elif line.startswith(ERROR_PREFIX) and line.endswith(SENTINEL) and len(line) > len(ERROR_PREFIX):
+                try:
+                    out.append(Failed(ErrorCode(line[len(ERROR_PREFIX) : -len(SENTINEL)].decode())))
+                except ValueError:
+                    out.append(Failed(ErrorCode.BAD_REQUEST))
