@@ -90,8 +90,8 @@ class GGUFTokenizer:
         u2b = _unicode_to_byte()
         self._bytes: list[bytes] = []
         for tok, ty in zip(tokens, types, strict=True):
-            if ty == TOKEN_CONTROL:
-                self._bytes.append(b"")  # control tokens do not render as text
+            if ty in (TOKEN_CONTROL, TOKEN_UNUSED):
+                self._bytes.append(b"")  # as llama.cpp: control and unused tokens render as nothing
             elif ty == TOKEN_USER_DEFINED:
                 self._bytes.append(tok.encode())
             else:
