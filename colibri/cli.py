@@ -158,6 +158,35 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_engine(args: argparse.Namespace) -> int:
+    from colibri.sched.core import MAX_SLOTS
+    from colibri.sched.server import EngineConfig, serve
+
+    n_slots = settings.resolve(args, settings.KV_SLOTS)
+    if not 1 <= n_slots <= MAX_SLOTS:
+        raise ColibriError(f"--kv-slots/KV_SLOTS must be 1..{MAX_SLOTS}, got {n_slots}")
+    ctx = settings.resolve(args, settings.ENGINE_CTX)
+    chunk = settings.resolve(args, settings.PREFILL_STEP)
+    if ctx < 1 or chunk < 1:
+        raise ColibriError("--ctx and --prefill-chunk must be positive")
+    cfg = EngineConfig(
+        model_path=settings.model_path(args), n_slots=n_slots, n_ctx=ctx,
+        state_dir=None if args.no_persist else settings.state_dir(args), prefill_chunk=chunk,
+        protocol=settings.protocol(args), topk=settings.flag_env("SERVE_TOPK"), max_tokens=args.max_tokens,
+    )
+    return serve(cfg)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from colibri.terminal_chat import chat
+
+    engine_args = ["--protocol", "legacy", "--max-tokens", str(args.max_tokens)]
+    for flag, value in (("--model", args.model), ("--state-dir", args.state_dir), ("--ctx", args.ctx)):
+        if value is not None:
+            engine_args += [flag, str(value)]
+    return chat(engine_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coli", description="colibri: LLM inference on ordinary machines")
     p.add_argument("--version", action="version", version=f"colibri {__version__}")
@@ -192,6 +221,20 @@ def build_parser() -> argparse.ArgumentParser:
     tokenize.add_argument("--special", action="store_true", help="parse special-token text")
     tokenize.add_argument("text", metavar="TEXT")
     tokenize.set_defaults(func=cmd_tokenize)
+
+    engine = sub.add_parser("engine", help="the engine process: serve_protocol.md on stdin/stdout")
+    settings.add(engine, settings.MODEL, settings.KV_SLOTS, settings.ENGINE_CTX, settings.STATE_DIR,
+                 settings.PREFILL_STEP)
+    engine.add_argument("--protocol", choices=("mux", "legacy"),
+                        help="default: mux (SERVE_BATCH=1); legacy with SERVE=1 alone")
+    engine.add_argument("--no-persist", action="store_true", help="keep slots in memory only")
+    engine.add_argument("--max-tokens", type=int, default=512, help="legacy: answer length limit")
+    engine.set_defaults(func=cmd_engine)
+
+    chat = sub.add_parser("chat", help="chat in the terminal (/reset, /more, Ctrl-C stops an answer)")
+    settings.add(chat, settings.MODEL, settings.ENGINE_CTX, settings.STATE_DIR)
+    chat.add_argument("--max-tokens", type=int, default=512)
+    chat.set_defaults(func=cmd_chat)
 
     info = sub.add_parser("info", help="architecture, sizes, block types")
     settings.add(info, settings.MODEL)

@@ -37,6 +37,16 @@ PREFILL_CHUNK = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK"
                         "prompt tokens per forward step: bounds the scratch memory of a step")
 
 
+KV_SLOTS = Setting("kv_slots", "--kv-slots", "KV_SLOTS", 1, int,
+                   "KV slots: conversations the engine holds and batches (1-16)")
+STATE_DIR = Setting("state_dir", "--state-dir", "COLI_STATE_DIR", None, str,
+                    "where slots persist (.coli_kv*, .coli_usage); default ~/.local/state/colibri")
+ENGINE_CTX = Setting("ctx", "--ctx", "COLI_CTX", 2048, int,
+                     "context length per KV slot; the KV cache costs n_slots x ctx x 46 KB on SmolLM2")
+PREFILL_STEP = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK", 128, int,
+                       "prompt tokens per engine step: smaller keeps other streams flowing during a prefill")
+
+
 def add(parser: argparse.ArgumentParser, *settings: Setting) -> None:
     """Add the settings' flags to a parser; the defaults come from the environment."""
     for s in settings:
@@ -55,6 +65,27 @@ def resolve(args: argparse.Namespace, setting: Setting) -> Any:
         except ValueError:
             raise ColibriError(f"{setting.env}={env!r} is not a valid {setting.type.__name__}") from None
     return setting.default
+
+
+def flag_env(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0")
+
+
+def protocol(args: argparse.Namespace) -> str:
+    """--protocol, else the spec's variables: SERVE_BATCH=1 mux, SERVE=1 (alone) legacy; else mux."""
+    if getattr(args, "protocol", None):
+        return args.protocol
+    if not flag_env("SERVE_BATCH") and flag_env("SERVE"):
+        return "legacy"
+    return "mux"
+
+
+def state_dir(args: argparse.Namespace) -> Path:
+    given = resolve(args, STATE_DIR)
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "colibri"
 
 
 def default_model_path() -> Path:

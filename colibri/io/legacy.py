@@ -2,6 +2,7 @@
 
 Input: a plain line is a user message; control frames start with ``\\x02``:
 ``\\x02RESET`` clears the conversation, ``\\x02MORE`` continues an answer cut by the token limit,
+``\\x02CANCEL`` (colibri's addition) stops the answer in progress,
 ``\\x02PROMPT <bytes> <max_tokens> <temperature> <top_p> [kv_slot]\\n<prompt>\\n`` sends a fully
 rendered prompt (the pre-mux API mode). Output: the answer as raw UTF-8 text, then the END sentinel
 line and a STAT line. A rejected input is answered ``\x01\x01ERROR <CODE>\x01\x01``, then END and
@@ -42,6 +43,11 @@ class More:
 
 
 @dataclass(frozen=True)
+class CancelAnswer:
+    """``\x02CANCEL`` (a colibri extension): stop the answer being generated, keep the program."""
+
+
+@dataclass(frozen=True)
 class RawPrompt:
     prompt: str
     max_tokens: int
@@ -76,7 +82,7 @@ class Failed:
     code: ErrorCode
 
 
-LegacyInput = UserLine | Reset | More | RawPrompt | ProtocolError | EndOfInput
+LegacyInput = UserLine | Reset | More | CancelAnswer | RawPrompt | ProtocolError | EndOfInput
 
 
 class LegacyReader:
@@ -159,6 +165,8 @@ class LegacyReader:
             return [Reset()]
         if fields == [b"MORE"]:
             return [More()]
+        if fields == [b"CANCEL"]:
+            return [CancelAnswer()]
         if fields[0] != b"PROMPT" or len(fields) not in (5, 6):
             return [ProtocolError(0, ErrorCode.BAD_REQUEST, f"unknown control frame {line[:32]!r}")]
         try:
@@ -198,7 +206,7 @@ def encode_output(event: Answer | End | Failed) -> bytes:
     raise TypeError(f"not a legacy output: {event!r}")
 
 
-def encode_input(event: UserLine | Reset | More | RawPrompt) -> bytes:
+def encode_input(event: UserLine | Reset | More | CancelAnswer | RawPrompt) -> bytes:
     match event:
         case UserLine(text=text):
             return text.replace("\n", " ").encode() + b"\n"
@@ -206,6 +214,8 @@ def encode_input(event: UserLine | Reset | More | RawPrompt) -> bytes:
             return CONTROL + b"RESET\n"
         case More():
             return CONTROL + b"MORE\n"
+        case CancelAnswer():
+            return CONTROL + b"CANCEL\n"
         case RawPrompt():
             e = event
             payload = e.prompt.encode()

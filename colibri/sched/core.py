@@ -59,6 +59,7 @@ class Request:
     slot: Slot
     submit: Submit
     sampler: Sampler
+    emit: Callable[[object], Awaitable[None]]
     prompt: list[int] = field(default_factory=list)
     todo: list[int] = field(default_factory=list)  # tokens still to feed: prompt suffix, then the last sample
     decoder: object = None
@@ -149,15 +150,18 @@ class Engine:
             return Error(sub.id, ErrorCode.EMPTY_PROMPT)
         return None
 
-    def start(self, sub: Submit, nursery: trio.Nursery, sampling: SamplingParams | None = None) -> None:
-        """Register an accepted SUBMIT and start its task."""
+    def start(self, sub: Submit, nursery: trio.Nursery, sampling: SamplingParams | None = None,
+              emit: Callable[[object], Awaitable[None]] | None = None) -> Request:
+        """Register an accepted SUBMIT and start its task; its events go to ``emit`` (default: the
+        engine's)."""
         params = sampling or SamplingParams(temperature=sub.temperature, top_p=sub.top_p)
         slot = self.slots[sub.slot]
-        req = Request(sub.id, slot, sub, Sampler(params), decoder=self.tokenizer.stream())
+        req = Request(sub.id, slot, sub, Sampler(params), emit or self.emit, decoder=self.tokenizer.stream())
         slot.owner = req
         self.requests[sub.id] = req
         self.idle = trio.Event()
         nursery.start_soon(self._serve, req)
+        return req
 
     def cancel(self, rid: int) -> bool:
         """False if no such request is in flight. A request that has already finished generating
@@ -180,7 +184,7 @@ class Engine:
                     self._deactivate(req)
                 with trio.CancelScope(shield=True):
                     await self.persist_slot(req.slot)
-                    await self.emit(Error(req.id, ErrorCode.CANCELLED))
+                    await req.emit(Error(req.id, ErrorCode.CANCELLED))
             elif req.admitted:
                 with trio.CancelScope(shield=True):
                     await self._finish(req)
@@ -194,10 +198,10 @@ class Engine:
         """Tokenize (off the event loop: a prompt may be megabytes), check, reuse the slot's prefix."""
         prompt = await trio.to_thread.run_sync(self.tokenizer.encode, req.submit.prompt, True)
         if not prompt:
-            await self.emit(Error(req.id, ErrorCode.EMPTY_PROMPT))
+            await req.emit(Error(req.id, ErrorCode.EMPTY_PROMPT))
             return False
         if len(prompt) > self.n_ctx:
-            await self.emit(Error(req.id, ErrorCode.CONTEXT_EXCEEDED, (len(prompt), self.n_ctx)))
+            await req.emit(Error(req.id, ErrorCode.CONTEXT_EXCEEDED, (len(prompt), self.n_ctx)))
             return False
         history = req.slot.history
         common = 0
@@ -224,20 +228,20 @@ class Engine:
         """Turn end: the decoder's tail, persistence, the telemetry block, DONE."""
         tail = req.decoder.flush().encode()
         if tail:
-            await self.emit(Data(req.id, tail))
+            await req.emit(Data(req.id, tail))
         await self.persist_slot(req.slot)
         now = time.perf_counter()
         gen_s = now - req.t_first if req.t_first else 0.0
         tok_s = (req.emitted - 1) / gen_s if req.emitted > 1 and gen_s > 0 else 0.0
-        await self.emit(telemetry.hwinfo())
-        await self.emit(Perf(req.id, now - req.t_start, t_kvb=req.t_prefill,
+        await req.emit(telemetry.hwinfo())
+        await req.emit(Perf(req.id, now - req.t_start, t_kvb=req.t_prefill,
                              reused_tokens=req.reused, prefilled_tokens=len(req.prompt) - req.reused))
-        await self.emit(Entropy())
-        await self.emit(Gpus())
-        await self.emit(Tiers(0, 0, 0, 0.0, 0.0))
-        await self.emit(ExpertMap(0, 0, b""))
-        await self.emit(Hits(0, 0, b""))
-        await self.emit(Done(req.id, req.emitted, tok_s, 0.0, telemetry.rss_gb(), len(req.prompt),
+        await req.emit(Entropy())
+        await req.emit(Gpus())
+        await req.emit(Tiers(0, 0, 0, 0.0, 0.0))
+        await req.emit(ExpertMap(0, 0, b""))
+        await req.emit(Hits(0, 0, b""))
+        await req.emit(Done(req.id, req.emitted, tok_s, 0.0, telemetry.rss_gb(), len(req.prompt),
                              req.length_limited))
 
     # ------------------------------------------------------------------ the step loop
@@ -319,9 +323,9 @@ class Engine:
         req.emitted += 1
         text = req.decoder.feed(token).encode()
         if text:
-            await self.emit(Data(req.id, text))
+            await req.emit(Data(req.id, text))
         if topk is not None:
-            await self.emit(TopK(req.id, topk))
+            await req.emit(TopK(req.id, topk))
         if req.emitted >= req.submit.max_tokens or len(req.slot.history) >= self.n_ctx:
             return self._end(req, limited=True)
         req.todo = [token]
