@@ -9,7 +9,6 @@ import pytest
 from colibri.model.kernels.attention import attend, store_kv
 from colibri.model.kernels.ops import add_into, rmsnorm, rope, rope_frequencies, swiglu
 from colibri.model.kernels.quant_matmul import (
-    DIRECT_MAX_ROWS,
     KIND_F32,
     KIND_Q4,
     KIND_Q8,
@@ -21,7 +20,7 @@ from colibri.store.quant import BLOCK_GEOMETRY, SUPPORTED, GGMLType, dequantize,
 
 TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1]
 
-T_ROWS = [1, 3, DIRECT_MAX_ROWS, DIRECT_MAX_ROWS + 1, 100]
+T_ROWS = [1, 3, 16, 17, 100]
 EXPECTED_KIND = {GGMLType.Q8_0: KIND_Q8, GGMLType.Q4_0: KIND_Q4, GGMLType.Q4_1: KIND_Q4}
 
 
@@ -33,13 +32,14 @@ def quantized(rng: np.random.Generator, n: int, k: int, gtype: GGMLType) -> tupl
 
 
 def check_matmul(x: np.ndarray, weight, ref_w: np.ndarray) -> None:
-    out = np.full((x.shape[0], ref_w.shape[0]), np.nan, np.float32)
-    qmatmul(x, weight, out)
     ref = x.astype(np.float64) @ ref_w.T.astype(np.float64)
     # float32 rounding scales with the terms summed, not with a result that may cancel to ~0
     bound = 1e-4 * (np.abs(x).astype(np.float64) @ np.abs(ref_w).T.astype(np.float64)) + 1e-6
-    err = np.abs(out - ref)
-    assert np.all(err <= bound), (x.shape, float((err / bound).max()))
+    for n_direct in sorted({0, x.shape[0] // 2, x.shape[0]}):  # all tiled, mixed, all direct
+        out = np.full((x.shape[0], ref_w.shape[0]), np.nan, np.float32)
+        qmatmul(x, weight, out, n_direct)
+        err = np.abs(out - ref)
+        assert np.all(err <= bound), (x.shape, n_direct, float((err / bound).max()))
 
 
 def test_types_cover_supported():
@@ -58,19 +58,23 @@ def test_qmatmul_matches_dequantized_reference(gtype: GGMLType, n: int, k: int):
         check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref_w)
 
 
-def test_qmatmul_direct_and_tiled_paths_agree():
+@pytest.mark.parametrize("gtype", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0], ids=lambda t: t.name)
+def test_qmatmul_paths_agree_and_direct_rows_are_batch_independent(gtype: GGMLType):
+    """The two paths agree within rounding; a direct row is bitwise the same alone or batched
+    (the engine's batched greedy output must equal the output of a request run alone)."""
     rng = np.random.default_rng(5)
-    raw, _ = quantized(rng, 300, 128, GGMLType.Q4_1)
-    weight = make_weight([(raw, int(GGMLType.Q4_1))], 128)
-    x = rng.standard_normal((DIRECT_MAX_ROWS + 1, 128)).astype(np.float32)
-    tiled = np.empty((x.shape[0], 300), np.float32)
-    qmatmul(x, weight, tiled)
-    direct = np.empty((DIRECT_MAX_ROWS, 300), np.float32)
-    qmatmul(x[:DIRECT_MAX_ROWS].copy(), weight, direct)
-    single = np.empty((1, 300), np.float32)
-    qmatmul(x[-1:].copy(), weight, single)
-    np.testing.assert_allclose(direct, tiled[:DIRECT_MAX_ROWS], rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(single, tiled[-1:], rtol=1e-4, atol=1e-4)
+    raw, _ = quantized(rng, 300, 128, gtype)
+    weight = make_weight([(raw, int(gtype))], 128)
+    x = rng.standard_normal((17, 128)).astype(np.float32)
+    tiled = np.empty((17, 300), np.float32)
+    qmatmul(x, weight, tiled, 0)
+    direct = np.empty((17, 300), np.float32)
+    qmatmul(x, weight, direct, 17)
+    np.testing.assert_allclose(direct, tiled, rtol=1e-4, atol=1e-4)
+    for i in (0, 7, 16):
+        single = np.empty((1, 300), np.float32)
+        qmatmul(x[i : i + 1].copy(), weight, single, 1)
+        assert np.array_equal(single[0], direct[i])
 
 
 def test_stacked_q4_0_and_q4_1_equals_concatenation():

@@ -250,11 +250,16 @@ class ResponseReader:
     def __init__(self) -> None:
         self._buf = ReceiveBuffer()
         self._data: tuple[int, int] | None = None  # DATA (id, bytes) whose payload is awaited
+        self._drop_line = False  # resynchronising: drop through the next \n, even in a later chunk
 
     def receive_data(self, data: bytes) -> list:
         self._buf.feed(data)
         out: list = []
         while True:
+            if self._drop_line:
+                if not self._buf.skip_line():
+                    return out
+                self._drop_line = False
             if self._data is not None:
                 rid, n = self._data
                 if len(self._buf) < n + 1:
@@ -263,7 +268,7 @@ class ResponseReader:
                 self._data = None
                 if self._buf.take(1) != b"\n":
                     out.append(ProtocolError(rid, ErrorCode.BAD_FRAME, "DATA payload without newline"))
-                    self._buf.skip_line()
+                    self._drop_line = True
                     continue
                 out.append(Data(rid, text or b""))
                 continue
@@ -271,9 +276,12 @@ class ResponseReader:
             if line is None:
                 if len(self._buf) > MAX_RESPONSE_LINE:
                     out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "line too long"))
-                    self._buf.skip_line()
+                    self._drop_line = True
                     continue
                 return out
+            if len(line) > MAX_RESPONSE_LINE:  # as when it arrives in pieces
+                out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "line too long"))
+                continue
             try:
                 event = self._line(line)
             except (ValueError, IndexError):
@@ -288,7 +296,10 @@ class ResponseReader:
         f = text.split(" ")
         kind = f[0]
         if kind == "DATA":
-            self._data = (int(f[1]), int(f[2]))
+            rid, n = int(f[1]), int(f[2])
+            if n < 0:
+                raise ValueError("negative DATA byte count")
+            self._data = (rid, n)
             return None
         if kind == "DONE":
             return Done(int(f[1]), int(f[3]), float(f[4]), float(f[5]), float(f[6]), int(f[7]), f[8] == "1")
@@ -312,6 +323,8 @@ class ResponseReader:
         if kind == "REPIN":
             return Repin(int(f[1]), int(f[2]), int(f[3]), int(f[4]))
         if kind == "PERF":
+            if len(f) < 3:
+                raise ValueError("PERF without timings")
             times = [float(x) for x in f[2:9]]
             extra = [int(x) for x in f[9:11]]
             return Perf(int(f[1]), *times, *extra)

@@ -50,7 +50,8 @@ class Sequence:
         positions = np.arange(self.n_past, self.n_past + n, dtype=np.int64)
         slots = np.zeros(n, dtype=np.int64)
         rows = np.arange(n) if all_logits else np.array([n - 1])
-        logits = self.net.forward(tokens.astype(np.int64), slots, positions, self.kv, rows)
+        n_direct = 1 if n == 1 else 0  # a decode step, or a prompt chunk (as the engine does)
+        logits = self.net.forward(tokens.astype(np.int64), slots, positions, self.kv, rows, n_direct)
         self.n_past += n
         return logits
 

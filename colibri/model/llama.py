@@ -56,15 +56,16 @@ def load_vector(gguf: GGUFFile, name: str) -> np.ndarray:
 @nb.njit(nogil=True, cache=True)
 def llama_block(
     x: np.ndarray, w: LlamaBlock, sh: Shape, k_cache: np.ndarray, v_cache: np.ndarray,
-    layer: int, slots: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray,
+    layer: int, slots: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, n_direct: int,
 ) -> None:
-    """One transformer layer on the residual stream ``x`` (T, n_embd), in place."""
+    """One transformer layer on the residual stream ``x`` (T, n_embd), in place; rows
+    ``[0, n_direct)`` take the matmuls' direct path (see ``qmatmul``)."""
     t_rows = x.shape[0]
     q_dim, kv_dim = sh.n_heads * sh.head_dim, sh.n_kv * sh.head_dim
     h = np.empty_like(x)
     rmsnorm(x, w.attn_norm, sh.eps, h)
     qkv = np.empty((t_rows, q_dim + 2 * kv_dim), np.float32)
-    qmatmul(h, w.wqkv, qkv)
+    qmatmul(h, w.wqkv, qkv, n_direct)
     q = np.ascontiguousarray(qkv[:, :q_dim])
     k = np.ascontiguousarray(qkv[:, q_dim : q_dim + kv_dim])
     v = qkv[:, q_dim + kv_dim :]  # store_kv reads it in place
@@ -73,16 +74,16 @@ def llama_block(
     store_kv(k, v, k_cache, v_cache, layer, slots, positions, sh.n_kv, sh.head_dim)
     attn = np.empty((t_rows, q_dim), np.float32)
     attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, sh.head_dim, attn)
-    qmatmul(attn, w.wo, h)
+    qmatmul(attn, w.wo, h, n_direct)
     add_into(x, h)
 
     rmsnorm(x, w.ffn_norm, sh.eps, h)
     n_ff = w.w_gate_up.n_rows // 2
     gate_up = np.empty((t_rows, 2 * n_ff), np.float32)
-    qmatmul(h, w.w_gate_up, gate_up)
+    qmatmul(h, w.w_gate_up, gate_up, n_direct)
     gate = np.ascontiguousarray(gate_up[:, :n_ff])
     swiglu(gate, gate_up[:, n_ff:])
-    qmatmul(gate, w.w_down, h)
+    qmatmul(gate, w.w_down, h, n_direct)
     add_into(x, h)
 
 
@@ -119,15 +120,18 @@ class LlamaModel:
 
     def forward(
         self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
-        logit_rows: np.ndarray,
+        logit_rows: np.ndarray, n_direct: int = 0,
     ) -> np.ndarray:
-        """Run one step; write every row's K/V into its slot; return logits of ``logit_rows``."""
+        """Run one step; write every row's K/V into its slot; return logits of ``logit_rows``.
+
+        The first ``n_direct`` rows are decode rows (the direct matmul path), the rest prompt rows
+        (tiled); the logits always take the direct path, one row per sequence."""
         x = np.empty((tokens.shape[0], self.hp.n_embd), np.float32)
         embed(tokens, self.token_embd, self.embd_type, x)
         for layer, block in enumerate(self.blocks):
-            llama_block(x, block, self.shape, kv.k, kv.v, layer, slots, positions, self.inv_freq)
+            llama_block(x, block, self.shape, kv.k, kv.v, layer, slots, positions, self.inv_freq, n_direct)
         h = np.empty((logit_rows.shape[0], self.hp.n_embd), np.float32)
         rmsnorm(np.ascontiguousarray(x[logit_rows]), self.output_norm, self.hp.norm_eps, h)
         logits = np.empty((h.shape[0], self.output.n_rows), np.float32)
-        qmatmul(h, self.output, logits)
+        qmatmul(h, self.output, logits, h.shape[0])
         return logits

@@ -83,6 +83,7 @@ class StepRows:
     slots: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     shares: list[tuple[Request, int, int | None]] = field(default_factory=list)  # (req, n rows, logit row)
+    n_direct: int = 0  # the leading decode rows
 
 
 class Engine:
@@ -269,16 +270,14 @@ class Engine:
                 await trio.sleep(0)  # let CANCEL and new SUBMITs in between steps
 
     def _plan(self) -> StepRows:
+        """Decode rows first (one per request with one token to feed), then at most one prompt
+        chunk: serial prefill, one prompt at a time, in the order requests arrived."""
         rows = StepRows()
-        prefilling = False
-        for req in self.active:
-            if len(req.todo) > 1:
-                if prefilling:
-                    continue  # serial prefill: one prompt at a time
-                prefilling = True
-                n = min(self.prefill_chunk, len(req.todo))
-            else:
-                n = 1
+        decoding = [(r, 1) for r in self.active if len(r.todo) == 1]
+        prefill = next((r for r in self.active if len(r.todo) > 1), None)
+        chunk = [(prefill, min(self.prefill_chunk, len(prefill.todo)))] if prefill else []
+        rows.n_direct = len(decoding)
+        for req, n in decoding + chunk:
             start = len(req.slot.history)
             rows.tokens.extend(req.todo[:n])
             rows.slots.extend([req.slot.index] * n)
@@ -292,7 +291,7 @@ class Engine:
         logit_rows = [r for _, _, r in rows.shares if r is not None]
         logits = self.net.forward(
             np.asarray(rows.tokens, np.int64), np.asarray(rows.slots, np.int64),
-            np.asarray(rows.positions, np.int64), self.kv, np.asarray(logit_rows, np.int64),
+            np.asarray(rows.positions, np.int64), self.kv, np.asarray(logit_rows, np.int64), rows.n_direct,
         )
         out: list[tuple[int, tuple | None] | None] = []
         i = 0

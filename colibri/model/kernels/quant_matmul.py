@@ -28,8 +28,6 @@ import numpy as np
 
 from colibri.store.quant import GGMLType
 
-# Activation rows up to which the direct path beats tile + BLAS (bench/bench_kernels.py).
-DIRECT_MAX_ROWS = 16
 # Weight rows per BLAS tile: 256 rows of 1536 floats is 1.5 MB, about what L2 holds.
 TILE_ROWS = 256
 # Runs of row groups the direct path splits a matrix into for its threads (a constant: numba
@@ -52,7 +50,9 @@ T_Q4_1 = int(GGMLType.Q4_1)
 # lookup is cheaper than decoding exponent and mantissa by hand.
 F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
-_JIT = dict(nogil=True, cache=True, fastmath=True)
+# fastmath without 'reassoc': no loop here needs reassociation (the lanes are independent), and
+# without it a row's result is bitwise the same whether it is computed alone or in a batch.
+_JIT = dict(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz", "arcp", "contract", "afn"})
 
 
 class Weight(NamedTuple):
@@ -176,7 +176,7 @@ def _direct_group(w: Weight, g: int, x: np.ndarray, xs: np.ndarray, lo: np.ndarr
                 qj, xl, xh = qb[j], x[0, b * 32 + j], x[0, b * 32 + 16 + j]
                 for r in range(GROUP):
                     low, high = _nibbles(qj[r])
-                    a0[r] += low * xl + high * xh
+                    a0[r] = (a0[r] + low * xl) + high * xh  # two FMAs, in this order on every path
         elif w.kind == KIND_Q4:  # decode once, for every activation row
             for j in range(16):
                 qj = qb[j]
@@ -185,7 +185,7 @@ def _direct_group(w: Weight, g: int, x: np.ndarray, xs: np.ndarray, lo: np.ndarr
                 for t in range(t_rows):
                     at, xl, xh = a[t], x[t, b * 32 + j], x[t, b * 32 + 16 + j]
                     for r in range(GROUP):
-                        at[r] += lo[r] * xl + hi[r] * xh
+                        at[r] = (at[r] + lo[r] * xl) + hi[r] * xh
         elif t_rows == 1:
             a0 = a[0]
             for j in range(32):
@@ -258,11 +258,17 @@ def _tiled(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
 
 
 @nb.njit(**_JIT)
-def qmatmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
-    """``out[T, N] = x[T, K] @ W.T``."""
+def qmatmul(x: np.ndarray, w: Weight, out: np.ndarray, n_direct: int) -> None:
+    """``out[T, N] = x[T, K] @ W.T``: rows ``[0, n_direct)`` on the direct path, the rest tiled.
+
+    The caller chooses per row, not per batch (decode rows direct, prompt rows tiled), so that a
+    row's result does not depend on what else is in the step: a request gives the same tokens
+    alone or batched with fifteen others.
+    """
     if w.kind == KIND_F32:
         out[:, :] = np.dot(x, w.f.T)
-    elif x.shape[0] <= DIRECT_MAX_ROWS:
-        _direct(x, w, out)
-    else:
-        _tiled(x, w, out)
+        return
+    if n_direct > 0:
+        _direct(x[:n_direct], w, out[:n_direct])
+    if n_direct < x.shape[0]:
+        _tiled(x[n_direct:], w, out[n_direct:])
