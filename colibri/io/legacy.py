@@ -91,6 +91,7 @@ class LegacyReader:
     def __init__(self) -> None:
         self._buf = ReceiveBuffer()
         self._frame: tuple[int, RawPrompt | None] | None = None
+        self._skip = 0  # payload bytes (and its \n) of an oversized PROMPT still to drop
         self._drop_line = False
         self._eof = False
 
@@ -102,16 +103,20 @@ class LegacyReader:
         out = self._parse()
         if not data:
             self._eof = True
-            if self._frame is not None:
-                out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "EOF in a PROMPT frame"))
-            elif len(self._buf) and not self._drop_line:
+            if self._frame is None and len(self._buf) and not self._drop_line:
                 out.extend(self._line(self._buf.take(len(self._buf)) or b""))  # a last unterminated line
+            if self._frame is not None:  # (also a PROMPT header that was that last line)
+                out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "EOF in a PROMPT frame"))
             out.append(EndOfInput())
         return out
 
     def _parse(self) -> list[LegacyInput]:
         out: list[LegacyInput] = []
         while True:
+            if self._skip:
+                self._skip -= self._buf.skip(self._skip)
+                if self._skip:
+                    return out
             if self._drop_line:
                 if not self._buf.skip_line():
                     return out
@@ -140,7 +145,7 @@ class LegacyReader:
                 continue
             line = self._buf.take_line()
             if line is None:
-                if len(self._buf) > MAX_LINE:
+                if len(self._buf) > MAX_LINE + 1:  # + 1: a CR before the \n is not part of the line
                     out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "line too long"))
                     self._drop_line = True
                     continue
@@ -171,10 +176,13 @@ class LegacyReader:
             return [ProtocolError(0, ErrorCode.BAD_REQUEST, f"unknown control frame {line[:32]!r}")]
         try:
             n = int(fields[1]) if fields[1].isdigit() else -1
-            if not 0 <= n <= MAX_PAYLOAD:
-                raise ValueError
-        except ValueError:
+        except ValueError:  # more digits than int() converts
+            n = -1
+        if n < 0:
             return [ProtocolError(0, ErrorCode.BAD_REQUEST, "bad PROMPT byte count")]
+        if n > MAX_PAYLOAD:
+            self._skip = n + 1  # as the mux reader: the payload's lines are not user messages
+            return [ProtocolError(0, ErrorCode.BAD_REQUEST, f"payload over {MAX_PAYLOAD} bytes")]
         try:
             if not fields[2].isdigit() or int(fields[2]) > MAX_TOKENS_LIMIT:
                 raise ValueError
