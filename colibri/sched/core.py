@@ -231,6 +231,7 @@ class Engine:
         if tail:
             await req.emit(Data(req.id, tail))
         await self.persist_slot(req.slot)
+        await self.save_usage()  # routing heat, at every turn end (empty for a dense model)
         now = time.perf_counter()
         gen_s = now - req.t_first if req.t_first else 0.0
         tok_s = (req.emitted - 1) / gen_s if req.emitted > 1 and gen_s > 0 else 0.0
