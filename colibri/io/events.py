@@ -32,6 +32,7 @@ class Submit:
     temperature: float
     top_p: float
     prompt: str
+    seed: int | None = None  # colibri's optional 7th field: reproducible sampling
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ class RequestReader:
                         out.append(ProtocolError(header.id, ErrorCode.BAD_REQUEST, "payload is not UTF-8"))
                         continue
                     out.append(Submit(header.id, header.slot, header.max_tokens, header.temperature,
-                                      header.top_p, prompt))
+                                      header.top_p, prompt, header.seed))
                 continue
             line = self._buf.take_line()
             if line is None:
@@ -158,8 +158,8 @@ class RequestReader:
             return Cancel(rid)
         if verb != b"SUBMIT":
             return ProtocolError(0, ErrorCode.BAD_REQUEST, f"unknown verb {verb[:32]!r}")
-        if len(fields) != 7:
-            return ProtocolError(0, ErrorCode.BAD_REQUEST, "SUBMIT takes six fields")
+        if len(fields) not in (7, 8):
+            return ProtocolError(0, ErrorCode.BAD_REQUEST, "SUBMIT takes six fields (seven with a seed)")
         try:
             rid = _uint(fields[1], MAX_ID)
         except ValueError:
@@ -179,18 +179,20 @@ class RequestReader:
             temperature, top_p = _float(fields[5]), _float(fields[6])
             if temperature < 0 or not 0 < top_p <= 1:
                 raise ValueError
+            seed = _uint(fields[7], MAX_ID) if len(fields) == 8 else None
         except ValueError:
             self._payload = (n, None)
             return ProtocolError(rid, ErrorCode.BAD_REQUEST, "bad SUBMIT field")
-        self._payload = (n, Submit(rid, slot, max_tokens, temperature, top_p, ""))
+        self._payload = (n, Submit(rid, slot, max_tokens, temperature, top_p, "", seed))
         return None
 
 
 def encode_request(event: Submit | Cancel) -> bytes:
     if isinstance(event, Submit):
         payload = event.prompt.encode("utf-8")
+        seed = "" if event.seed is None else f" {event.seed}"
         head = (f"SUBMIT {event.id} {event.slot} {len(payload)} {event.max_tokens} "
-                f"{event.temperature:g} {event.top_p:g}\n")
+                f"{event.temperature!r} {event.top_p!r}{seed}\n")
         return head.encode() + payload + b"\n"
     return f"CANCEL {event.id}\n".encode()
 

@@ -155,7 +155,7 @@ class Engine:
               emit: Callable[[object], Awaitable[None]] | None = None) -> Request:
         """Register an accepted SUBMIT and start its task; its events go to ``emit`` (default: the
         engine's)."""
-        params = sampling or SamplingParams(temperature=sub.temperature, top_p=sub.top_p)
+        params = sampling or SamplingParams(temperature=sub.temperature, top_p=sub.top_p, seed=sub.seed)
         slot = self.slots[sub.slot]
         req = Request(sub.id, slot, sub, Sampler(params), emit or self.emit, decoder=self.tokenizer.stream())
         slot.owner = req
