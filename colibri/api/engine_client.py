@@ -1,0 +1,194 @@
+"""The server's side of the mux protocol: ``coli engine`` as a child process, many requests over it.
+
+One task reads the child's stdout through the codec and routes each event to the request it names;
+a lock serialises writes to its stdin. If the child dies, every request in flight ends with
+``EngineDied``, the state says why, and the child is restarted with backoff.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import trio
+
+from colibri.io.events import (
+    Cancel,
+    Data,
+    Done,
+    Error,
+    ErrorCode,
+    ExpertMap,
+    Hits,
+    HwInfo,
+    Perf,
+    Ready,
+    Submit,
+    Tiers,
+    TopK,
+)
+from colibri.io.mux import ResponseReader, encode_request
+
+# Restart backoff after the engine dies: doubling from the first to the last, so a crash loop costs
+# little CPU and a one-off crash little downtime.
+RESTART_FIRST_S = 0.5
+RESTART_MAX_S = 30.0
+READ_SIZE = 1 << 16
+
+
+class EngineDied(Exception):
+    """The engine process ended while the request was in flight."""
+
+
+@dataclass
+class Telemetry:
+    """The latest engine telemetry, for /experts and the stats frames."""
+
+    hwinfo: HwInfo | None = None
+    tiers: Tiers | None = None
+    emap: ExpertMap | None = None
+    hits: Hits | None = None
+    seq: int = 0  # bumps with every EMAP/HITS
+
+
+@dataclass(eq=False)
+class _Flight:
+    send: trio.MemorySendChannel
+    abandoned: bool = False
+
+
+@dataclass
+class EngineClient:
+    engine_args: list[str]
+    env: dict[str, str] | None = None
+    ready: bool = False
+    reason: str = "starting"
+    restarts: int = 0
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    _proc: trio.Process | None = None
+    _flights: dict[int, _Flight] = field(default_factory=dict)
+    _next_id: int = 1
+    _write_lock: trio.Lock = field(default_factory=trio.Lock)
+    _ready_event: trio.Event = field(default_factory=trio.Event)
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Keep an engine running; ``started`` once the first one is READY."""
+        backoff, started = RESTART_FIRST_S, False
+        while True:
+            cmd = [sys.executable, "-m", "colibri", "engine", *self.engine_args]
+            async with await trio.lowlevel.open_process(
+                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env
+            ) as proc:
+                self._proc = proc
+                await self._read(proc, task_status if not started else None)
+                started = started or self.ready or self._ready_event.is_set()
+                code = await proc.wait()
+            self.ready = False
+            self.reason = f"engine exited with status {code}; restarting"
+            self._fail_all()
+            self._ready_event = trio.Event()
+            print(f"colibri: {self.reason} in {backoff:.1f}s", file=sys.stderr, flush=True)
+            await trio.sleep(backoff)
+            backoff = min(RESTART_MAX_S, backoff * 2)
+            self.restarts += 1
+
+    async def _read(self, proc: trio.Process, task_status) -> None:
+        reader = ResponseReader()
+        while True:
+            try:
+                data = await proc.stdout.receive_some(READ_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                return
+            for event in reader.receive_data(data):
+                if isinstance(event, Ready):
+                    self.ready, self.reason = True, "ok"
+                    self._ready_event.set()
+                    if task_status is not None:
+                        task_status.started()
+                        task_status = None
+                    continue
+                rid = getattr(event, "id", 0)
+                if rid and isinstance(event, Data | TopK | Done | Error | Perf):
+                    flight = self._flights.get(rid)
+                    if flight is not None:
+                        try:
+                            flight.send.send_nowait(event)
+                        except trio.BrokenResourceError:
+                            pass  # abandoned: its caller left; the events until its end are dropped
+                        if isinstance(event, Done | Error):
+                            self._flights.pop(rid, None)
+                            flight.send.close()
+                    continue
+                self._note(event)
+
+    def _note(self, event) -> None:
+        t = self.telemetry
+        match event:
+            case HwInfo():
+                t.hwinfo = event
+            case Tiers():
+                t.tiers = event
+            case ExpertMap():
+                t.emap, t.seq = event, t.seq + 1
+            case Hits():
+                t.hits, t.seq = event, t.seq + 1
+
+    def _fail_all(self) -> None:
+        for flight in self._flights.values():
+            flight.send.close()  # the iterator sees the channel end without Done: EngineDied
+        self._flights.clear()
+
+    async def wait_ready(self) -> None:
+        await self._ready_event.wait()
+
+    async def _write(self, data: bytes) -> None:
+        if self._proc is None or not self.ready:
+            raise EngineDied(self.reason)
+        async with self._write_lock:
+            try:
+                await self._proc.stdin.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                raise EngineDied("the engine's stdin is closed") from e
+
+    async def generate(
+        self, prompt: str, slot: int, max_tokens: int, temperature: float, top_p: float,
+        seed: int | None = None,
+    ) -> AsyncIterator[Data | TopK | Perf | Done | Error]:
+        """The request's events up to its Done or Error. Leaving the loop early (a client gone, a
+        stop string) cancels the request in the engine."""
+        rid = self._next_id
+        self._next_id += 1
+        send, recv = trio.open_memory_channel(math.inf)
+        flight = _Flight(send)
+        self._flights[rid] = flight
+        finished = False
+        try:
+            await self._write(encode_request(Submit(rid, slot, max_tokens, temperature, top_p, prompt, seed)))
+            async with recv:
+                async for event in recv:
+                    if isinstance(event, Done | Error):
+                        finished = True
+                    yield event
+                    if finished:
+                        return
+            raise EngineDied(self.reason)
+        finally:
+            if not finished and self._flights.get(rid) is flight:
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self._write(encode_request(Cancel(rid)))  # its ERROR is dropped
+                    except EngineDied:
+                        self._flights.pop(rid, None)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._flights)
+
+
+def is_cancelled(event) -> bool:
+    return isinstance(event, Error) and event.code == ErrorCode.CANCELLED
