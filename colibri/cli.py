@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 
 import numpy as np
 
@@ -187,6 +189,39 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return chat(engine_args)
 
 
+def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
+    from pathlib import Path
+
+    from colibri.api.server import ServeConfig, serve
+    from colibri.sched.core import MAX_SLOTS
+
+    path = settings.model_path(args)
+    n_slots = settings.resolve(args, settings.SERVE_SLOTS)
+    if not 1 <= n_slots <= MAX_SLOTS:
+        raise ColibriError(f"--kv-slots must be 1..{MAX_SLOTS}, got {n_slots}")
+    max_queue = settings.resolve(args, settings.MAX_QUEUE)
+    timeout = settings.resolve(args, settings.QUEUE_TIMEOUT)
+    if max_queue < 0 or timeout < 0:
+        raise ColibriError("--max-queue and --queue-timeout must not be negative")
+    port = settings.resolve(args, settings.PORT)
+    if not 0 <= port <= 65535:
+        raise ColibriError(f"--port must be 0..65535, got {port}")
+    origins = list(args.cors_origin or [])
+    origins += [o for o in os.environ.get("COLI_CORS_ORIGINS", "").split(",") if o.strip()]
+    web = settings.resolve(args, settings.WEB_DIST)
+    cfg = ServeConfig(
+        model_path=path, host=settings.resolve(args, settings.HOST), port=port,
+        model_id=settings.resolve(args, settings.MODEL_ID) or path.name.removesuffix(".gguf"),
+        api_key=settings.resolve(args, settings.API_KEY) or None, kv_slots=n_slots,
+        ctx=settings.resolve(args, settings.ENGINE_CTX), max_queue=max_queue, queue_timeout=timeout,
+        cors_origins=tuple(origins), state_dir=None if args.no_persist else settings.state_dir(args),
+        insecure=args.insecure,
+        web_dist=Path(web) if web else Path(__file__).resolve().parent.parent / "web" / "dist",
+        open_browser=open_browser,
+    )
+    return serve(cfg)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coli", description="colibri: LLM inference on ordinary machines")
     p.add_argument("--version", action="version", version=f"colibri {__version__}")
@@ -235,6 +270,19 @@ def build_parser() -> argparse.ArgumentParser:
     settings.add(chat, settings.MODEL, settings.ENGINE_CTX, settings.STATE_DIR)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.set_defaults(func=cmd_chat)
+
+    for name, helptext in (("serve", "the OpenAI-compatible HTTP server"),
+                           ("web", "coli serve, then open the web console in the browser")):
+        srv = sub.add_parser(name, help=helptext)
+        settings.add(srv, settings.MODEL, settings.HOST, settings.PORT, settings.MODEL_ID, settings.API_KEY,
+                     settings.SERVE_SLOTS, settings.MAX_QUEUE, settings.QUEUE_TIMEOUT, settings.ENGINE_CTX,
+                     settings.STATE_DIR, settings.WEB_DIST)
+        srv.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                         help="also allow this browser origin (repeatable; '*' for any) [COLI_CORS_ORIGINS]")
+        srv.add_argument("--insecure", action="store_true",
+                         help="allow a non-loopback bind without an API key")
+        srv.add_argument("--no-persist", action="store_true", help="keep slots in memory only")
+        srv.set_defaults(func=cmd_serve if name == "serve" else partial(cmd_serve, open_browser=True))
 
     info = sub.add_parser("info", help="architecture, sizes, block types")
     settings.add(info, settings.MODEL)

@@ -47,6 +47,22 @@ PREFILL_STEP = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK",
                        "prompt tokens per engine step: smaller keeps other streams flowing during a prefill")
 
 
+HOST = Setting("host", "--host", "COLI_HOST", "127.0.0.1", str, "address to bind")
+PORT = Setting("port", "--port", "COLI_PORT", 8000, int, "port to bind (0: any free port)")
+MODEL_ID = Setting("model_id", "--model-id", "COLI_MODEL_ID", None, str,
+                   "the model's name in the API (default: the file's name without .gguf)")
+API_KEY = Setting("api_key", "--api-key", "COLI_API_KEY", None, str,
+                  "require this key (Authorization: Bearer, or x-api-key)")
+SERVE_SLOTS = Setting("kv_slots", "--kv-slots", "COLI_KV_SLOTS", 4, int,
+                      "KV slots: generations served at once, batched (1-16)")
+MAX_QUEUE = Setting("max_queue", "--max-queue", "COLI_MAX_QUEUE", 8, int,
+                    "requests that may wait for a slot; more get 429")
+QUEUE_TIMEOUT = Setting("queue_timeout", "--queue-timeout", "COLI_QUEUE_TIMEOUT", 300.0, float,
+                        "seconds a request may wait for a slot before 429")
+WEB_DIST = Setting("web_dist", "--web-dist", "COLI_WEB_DIST", None, str,
+                   "the built web console to serve at / (default: web/dist beside the package)")
+
+
 def add(parser: argparse.ArgumentParser, *settings: Setting) -> None:
     """Add the settings' flags to a parser; the defaults come from the environment."""
     for s in settings:

@@ -73,20 +73,30 @@ class EngineClient:
     _next_id: int = 1
     _write_lock: trio.Lock = field(default_factory=trio.Lock)
     _ready_event: trio.Event = field(default_factory=trio.Event)
+    _stopping: bool = False
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Keep an engine running; ``started`` once the first one is READY."""
         backoff, started = RESTART_FIRST_S, False
         while True:
             cmd = [sys.executable, "-m", "colibri", "engine", *self.engine_args]
-            async with await trio.lowlevel.open_process(
+            proc = await trio.lowlevel.open_process(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env
-            ) as proc:
+            )
+            try:
                 self._proc = proc
                 await self._read(proc, task_status if not started else None)
-                started = started or self.ready or self._ready_event.is_set()
+                started = started or self._ready_event.is_set()
                 code = await proc.wait()
+            finally:
+                if proc.returncode is None:  # cancelled: the engine does not outlive us
+                    proc.kill()
+                    with trio.CancelScope(shield=True):
+                        await proc.wait()
             self.ready = False
+            if self._stopping:
+                self.reason = "stopped"
+                return
             self.reason = f"engine exited with status {code}; restarting"
             self._fail_all()
             self._ready_event = trio.Event()
@@ -184,6 +194,16 @@ class EngineClient:
                         await self._write(encode_request(Cancel(rid)))  # its ERROR is dropped
                     except EngineDied:
                         self._flights.pop(rid, None)
+
+    async def shutdown(self) -> None:
+        """EOF to the engine: it finishes, persists and exits; no restart follows."""
+        self._stopping = True
+        if self._proc is not None:
+            try:
+                await self._proc.stdin.aclose()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            await self._proc.wait()
 
     @property
     def in_flight(self) -> int:

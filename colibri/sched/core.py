@@ -304,15 +304,17 @@ class Engine:
             i += 1
             recent = req.slot.history[-64:] + req.todo[:n]
             token = req.sampler(row, recent)
-            out.append((token, self._topk(row) if self.topk else None))
+            out.append((token, self._topk(row, token) if self.topk else None))
         return out
 
-    def _topk(self, row: np.ndarray) -> tuple[tuple[float, bytes], ...]:
+    def _topk(self, row: np.ndarray, sampled: int) -> tuple[tuple[float, bytes], ...]:
+        """The sampled token first, then the best others: five (logprob, text) in all."""
         best = np.argpartition(-row, TOPK_CANDIDATES)[:TOPK_CANDIDATES]
-        best = best[np.argsort(-row[best])]
+        best = [int(t) for t in best[np.argsort(-row[best], kind="stable")] if t != sampled]
         peak = float(row.max())
         log_z = peak + math.log(float(np.exp(row - peak, dtype=np.float64).sum()))
-        return tuple((float(row[t]) - log_z, self.tokenizer.token_bytes(int(t))) for t in best)
+        chosen = [sampled, *best[: TOPK_CANDIDATES - 1]]
+        return tuple((float(row[t]) - log_z, self.tokenizer.token_bytes(t)) for t in chosen)
 
     async def _accept(self, req: Request, token: int, topk: tuple | None) -> None:
         """A sampled token: stream it, or end the turn."""

@@ -1,0 +1,364 @@
+"""OpenAI request validation and response shapes, without I/O.
+
+A request body becomes a ``Generation`` (the prompt and the sampling parameters) or an
+``ApiError`` naming the offending field. Every field the server does not serve is refused by name:
+nothing is silently ignored except fields with no effect on the output (``user``, ``metadata``,
+``store``, and the penalties at their neutral 0).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from colibri.api.stop import validate_stops
+
+# TOPK lines carry five candidates: the most top_logprobs can give.
+MAX_TOP_LOGPROBS = 5
+MAX_TEMPERATURE = 2.0  # OpenAI's range
+MAX_SEED = (1 << 64) - 1
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+
+# Fields accepted when they change nothing: their neutral value or any value.
+_NEUTRAL = {
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "n": 1,
+    "best_of": 1,
+    "echo": False,
+    "parallel_tool_calls": None,
+    "logit_bias": None,
+    "suffix": None,
+}
+_HARMLESS = {"model", "user", "metadata", "store", "service_tier"}
+_COMMON = {
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "cache_slot",
+    "enable_thinking",
+    "reasoning_effort",
+}
+CHAT_FIELDS = _COMMON | _HARMLESS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+COMPLETION_FIELDS = _COMMON | _HARMLESS | {"prompt", "logprobs"}
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param)
+
+
+@dataclass
+class Generation:
+    kind: str  # "chat" | "completion"
+    prompt: str
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    stops: list[str]
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    top_logprobs: int
+    cache_slot: int | None
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+
+def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad(name, f"'{name}' must be a number")
+    if not lo <= value <= hi:
+        raise bad(name, f"'{name}' must be between {lo:g} and {hi:g}")
+    return float(value)
+
+
+def _integer(body: dict, name: str, lo: int, hi: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(name, f"'{name}' must be an integer")
+    if not lo <= value <= hi:
+        raise bad(name, f"'{name}' must be between {lo} and {hi}")
+    return value
+
+
+def _check_fields(body: dict, allowed: set[str]) -> None:
+    for name, value in body.items():
+        if name in allowed:
+            continue
+        if name in _NEUTRAL and value == _NEUTRAL[name]:
+            continue
+        if name in ("tools", "tool_choice", "functions", "function_call") and not value:
+            continue
+        reason = {
+            "tools": "tools are not supported",
+            "tool_choice": "tools are not supported",
+            "functions": "function calling is not supported",
+            "function_call": "function calling is not supported",
+            "n": "only n=1 is supported",
+            "best_of": "only best_of=1 is supported",
+            "response_format": "response_format is not supported",
+            "audio": "audio is not supported",
+            "modalities": "only text output is supported",
+            "echo": "echo is not supported",
+            "suffix": "suffix is not supported",
+            "logit_bias": "logit_bias is not supported",
+            "presence_penalty": "penalties are not supported",
+            "frequency_penalty": "penalties are not supported",
+        }.get(name, f"'{name}' is not supported")
+        raise bad(name, reason)
+
+
+def _text_content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise bad(where, f"only text content is supported, not {kind!r}")
+            parts.append(part["text"])
+        return "".join(parts)
+    if content is None:
+        return ""
+    raise bad(where, "message content must be a string or a list of text parts")
+
+
+def _common(body: dict, kind: str, prompt: str, n_ctx: int, n_slots: int, messages=None) -> Generation:
+    max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _integer(body, max_name, 1, n_ctx)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad("stream", "'stream' must be a boolean")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise bad("stream_options", "'stream_options' may only hold 'include_usage'")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise bad("stream_options", "'include_usage' must be a boolean")
+    try:
+        stops = validate_stops(body.get("stop"))
+    except ValueError as e:
+        raise bad("stop", str(e)) from None
+    logprobs, top = body.get("logprobs"), 0
+    if kind == "chat":
+        if logprobs is not None and not isinstance(logprobs, bool):
+            raise bad("logprobs", "'logprobs' must be a boolean")
+        top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+        if top and not logprobs:
+            raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+        logprobs = bool(logprobs)
+    else:  # the legacy API: logprobs is the number of alternatives
+        top = _integer(body, "logprobs", 0, MAX_TOP_LOGPROBS) or 0
+        logprobs = body.get("logprobs") is not None
+    return Generation(
+        kind=kind,
+        prompt=prompt,
+        max_tokens=max_tokens or min(n_ctx, 1024),
+        temperature=_number(body, "temperature", 0.0, MAX_TEMPERATURE, 1.0),
+        top_p=_number(body, "top_p", 1e-9, 1.0, 1.0),
+        seed=_integer(body, "seed", 0, MAX_SEED),
+        stops=stops,
+        stream=stream,
+        include_usage=include_usage,
+        logprobs=logprobs,
+        top_logprobs=top,
+        cache_slot=_integer(body, "cache_slot", 0, n_slots - 1),
+        messages=messages or [],
+    )
+
+
+def thinking(body: dict) -> bool:
+    """api.md: ``enable_thinking: true``, or any ``reasoning_effort`` but "none"."""
+    flag = body.get("enable_thinking")
+    if flag is not None and not isinstance(flag, bool):
+        raise bad("enable_thinking", "'enable_thinking' must be a boolean")
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort not in ("none", "minimal", "low", "medium", "high"):
+        raise bad("reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium or high")
+    return bool(flag) or (effort is not None and effort != "none")
+
+
+def parse_chat(body: Any, render, n_ctx: int, n_slots: int) -> Generation:
+    """``render(messages, enable_thinking) -> prompt`` is the model's chat template."""
+    if not isinstance(body, dict):
+        raise bad("", "the request body must be a JSON object")
+    _check_fields(body, CHAT_FIELDS)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "'messages' must be a non-empty list")
+    clean = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(where, "each message must be an object")
+        role = m.get("role")
+        if role == "tool" or m.get("tool_calls") or m.get("function_call"):
+            raise bad(where, "tool messages are not supported")
+        if role not in CHAT_ROLES:
+            raise bad(f"{where}.role", f"unknown role {role!r}")
+        clean.append(
+            {
+                "role": "system" if role == "developer" else role,
+                "content": _text_content(m.get("content"), f"{where}.content"),
+            }
+        )
+    prompt = render(clean, thinking(body))
+    return _common(body, "chat", prompt, n_ctx, n_slots, clean)
+
+
+def parse_completion(body: Any, n_ctx: int, n_slots: int) -> Generation:
+    if not isinstance(body, dict):
+        raise bad("", "the request body must be a JSON object")
+    _check_fields(body, COMPLETION_FIELDS)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise bad("prompt", "'prompt' must be a string (one prompt per request)")
+    if not prompt:
+        raise bad("prompt", "'prompt' must not be empty")
+    thinking(body)
+    return _common(body, "completion", prompt, n_ctx, n_slots)
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+@dataclass
+class TokenLogprob:
+    text: bytes
+    logprob: float
+    top: list[tuple[bytes, float]]
+
+
+def chat_logprobs(items: list[TokenLogprob], top_n: int) -> dict[str, Any]:
+    def entry(text: bytes, lp: float) -> dict[str, Any]:
+        return {"token": text.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(text)}
+
+    return {
+        "content": [
+            {**entry(t.text, t.logprob), "top_logprobs": [entry(x, lp) for x, lp in t.top[:top_n]]}
+            for t in items
+        ],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(items: list[TokenLogprob], top_n: int, offset: int = 0) -> dict[str, Any]:
+    tokens, offsets = [], []
+    for t in items:
+        offsets.append(offset)
+        text = t.text.decode("utf-8", errors="replace")
+        tokens.append(text)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [t.logprob for t in items],
+        "text_offset": offsets,
+        "top_logprobs": [{x.decode("utf-8", errors="replace"): lp for x, lp in t.top[:top_n]} for t in items],
+    }
+
+
+def chunk(
+    gen: Generation,
+    rid: str,
+    model: str,
+    created: int,
+    *,
+    text: str | None = None,
+    role: bool = False,
+    finish: str | None = None,
+    logprobs: dict | None = None,
+) -> dict[str, Any]:
+    if gen.kind == "chat":
+        delta: dict[str, Any] = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
+        obj = "text_completion"
+    out = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+    if gen.include_usage:
+        out["usage"] = None
+    return out
+
+
+def final(
+    gen: Generation,
+    rid: str,
+    model: str,
+    text: str,
+    finish: str,
+    use: dict,
+    logprobs: dict | None,
+    extra: dict,
+) -> dict[str, Any]:
+    if gen.kind == "chat":
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": logprobs,
+            "finish_reason": finish,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        obj = "text_completion"
+    return {
+        "id": rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": use,
+        **extra,
+    }

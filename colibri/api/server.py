@@ -1,0 +1,166 @@
+"""``coli serve``: hypercorn serving the app, the engine as a child, systemd's notify protocol.
+
+Start: the engine is started and must say READY, then the socket is bound, then ``READY=1``.
+SIGTERM: ``STOPPING=1``; new generations get 503 while those in flight finish; then the engine gets
+EOF (it persists its slots) and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve as hypercorn_serve
+
+from colibri.api import sdnotify
+from colibri.api.admission import Admission
+from colibri.api.app import ServerState, create_app
+from colibri.api.engine_client import EngineClient
+from colibri.api.security import CorsPolicy, HostGuard, require_key_for_bind
+
+# Requests handled at once (streams included); beyond it, 503 at once instead of a slow pile-up.
+MAX_CONCURRENT_REQUESTS = 256
+# Seconds an idle keep-alive connection stays open, and the bound on the drain at shutdown.
+KEEP_ALIVE_S = 15
+DRAIN_TIMEOUT_S = 600
+ENGINE_EXIT_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_path: Path
+    host: str
+    port: int
+    model_id: str
+    api_key: str | None
+    kv_slots: int
+    ctx: int
+    max_queue: int
+    queue_timeout: float
+    cors_origins: tuple[str, ...]
+    state_dir: Path | None
+    insecure: bool
+    web_dist: Path | None
+    open_browser: bool = False
+
+
+class ConcurrencyLimit:
+    """ASGI middleware: at most ``limit`` HTTP requests in progress; the rest get 503 at once."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit, self.active = app, limit, 0
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if self.active >= self.limit:
+            body = (
+                b'{"error": {"message": "too many requests in progress", "type": "server_error", '
+                b'"param": null, "code": "overloaded"}}'
+            )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+
+def serve(cfg: ServeConfig) -> int:
+    require_key_for_bind(cfg.host, cfg.api_key, cfg.insecure)
+    from colibri.model.chat import ChatTemplate
+    from colibri.model.tokenizer import GGUFTokenizer
+    from colibri.store.gguf import GGUFFile
+
+    gguf = GGUFFile(cfg.model_path)  # the template and the vocabulary: no weights in this process
+    tok = GGUFTokenizer(gguf)
+    bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else ""
+    eos = tok.tokens[tok.eos_id] if tok.eos_id is not None else ""
+    template = ChatTemplate(gguf.get("tokenizer.chat_template"), bos, eos)
+    n_ctx = min(cfg.ctx, int(gguf.get(f"{gguf.get('general.architecture')}.context_length", cfg.ctx)))
+
+    def render(messages, thinking: bool) -> str:
+        return template.render(messages, enable_thinking=thinking)
+
+    return trio.run(_main, cfg, render, lambda text: len(tok.encode(text, special=True)), n_ctx)
+
+
+async def _main(cfg: ServeConfig, render, count_tokens, n_ctx: int) -> int:
+    engine_args = ["--model", str(cfg.model_path), "--kv-slots", str(cfg.kv_slots), "--ctx", str(n_ctx)]
+    engine_args += ["--state-dir", str(cfg.state_dir)] if cfg.state_dir else ["--no-persist"]
+    env = {**os.environ, "SERVE_TOPK": "1", "SERVE_BATCH": "1"}
+    engine = EngineClient(engine_args, env)
+    state = ServerState(
+        model_id=cfg.model_id,
+        n_slots=cfg.kv_slots,
+        n_ctx=n_ctx,
+        api_key=cfg.api_key,
+        engine=engine,
+        admission=Admission(cfg.kv_slots, cfg.max_queue, cfg.queue_timeout),
+        render=render,
+        count_tokens=count_tokens,
+        host_guard=HostGuard(cfg.host, cfg.port),
+        cors=CorsPolicy(list(cfg.cors_origins)),
+        web_dist=cfg.web_dist,
+    )
+    app = create_app(state)
+    hconfig = Config()
+    hconfig.bind = [f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"]
+    hconfig.accesslog = None
+    hconfig.keep_alive_timeout = KEEP_ALIVE_S
+    hconfig.graceful_timeout = DRAIN_TIMEOUT_S
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        sdnotify.status("starting the engine")
+        await nursery.start(engine.run)
+        binds = await nursery.start(
+            partial(
+                hypercorn_serve,
+                ConcurrencyLimit(app, MAX_CONCURRENT_REQUESTS),
+                hconfig,
+                shutdown_trigger=stop.wait,
+            )
+        )
+        for bind in binds or hconfig.bind:
+            print(f"colibri: serving {cfg.model_id} on {bind}", file=sys.stderr, flush=True)
+        sdnotify.ready()
+        if cfg.open_browser:
+            nursery.start_soon(_open_browser, (binds or hconfig.bind)[0])
+        await _until_sigterm()
+        sdnotify.stopping()
+        state.draining = True  # new generations: 503
+        with trio.move_on_after(DRAIN_TIMEOUT_S):
+            while state.admission.active or state.admission.queued:
+                await trio.sleep(0.05)
+        stop.set()
+        with trio.move_on_after(ENGINE_EXIT_TIMEOUT_S):
+            await engine.shutdown()
+        nursery.cancel_scope.cancel()
+    return 0
+
+
+async def _until_sigterm() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for _ in signals:
+            return
+
+
+async def _open_browser(url: str) -> None:
+    import webbrowser
+
+    url = url if url.startswith("http") else f"http://{url}"
+    await trio.to_thread.run_sync(webbrowser.open, url.replace("0.0.0.0", "127.0.0.1"))

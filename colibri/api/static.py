@@ -1,0 +1,54 @@
+"""Static hosting of the web page (``web/dist``) with SPA fallback, from which no path escapes.
+
+A request path is split into segments and each one checked: no ``..``, no empty or dot segments,
+no backslashes or NULs; the joined path is resolved (symlinks followed) and must stay inside the
+resolved root. Anything else falls back to ``index.html`` (the page's own router shows its 404)
+or, for something that looks like an asset (has a file extension), a plain 404.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+from pathlib import Path
+
+from quart import Response
+
+NO_PAGE = (
+    "<!doctype html><meta charset=utf-8><title>colibri</title>"
+    "<h1>colibri</h1><p>The API is at <code>/v1</code> (OpenAI-compatible). "
+    "The web console is not built: it will be served here from <code>web/dist</code>.</p>"
+)
+
+
+class StaticSite:
+    def __init__(self, root: Path | None) -> None:
+        self.root = root.resolve() if root is not None and root.is_dir() else None
+
+    def resolve(self, path: str) -> Path | None:
+        """The file to serve for a URL path (already percent-decoded by the server), or None."""
+        if self.root is None:
+            return None
+        segments = [s for s in path.split("/") if s]
+        for s in segments:
+            if s in (".", "..") or "\\" in s or "\0" in s or s.startswith("~") or ":" in s:
+                return None
+        candidate = self.root.joinpath(*segments) if segments else self.root / "index.html"
+        try:
+            real = candidate.resolve(strict=True)
+        except (OSError, RuntimeError):
+            return None
+        if not real.is_relative_to(self.root) or not real.is_file():
+            return None
+        return real
+
+    async def serve(self, path: str) -> Response:
+        found = self.resolve(path)
+        if found is None and "." not in path.rsplit("/", 1)[-1]:
+            found = self.resolve("index.html")  # SPA fallback: the page routes client-side
+        if found is None:
+            if self.root is None and path in ("", "index.html"):
+                return Response(NO_PAGE, mimetype="text/html")
+            return Response('{"error": {"message": "not found", "type": "not_found_error", "param": null, '
+                            '"code": null}}', status=404, mimetype="application/json")
+        mime = mimetypes.guess_type(found.name)[0] or "application/octet-stream"
+        return Response(found.read_bytes(), mimetype=mime, headers={"x-content-type-options": "nosniff"})
