@@ -217,7 +217,8 @@ def encode_output(event: Answer | End | Failed) -> bytes:
 def encode_input(event: UserLine | Reset | More | CancelAnswer | RawPrompt) -> bytes:
     match event:
         case UserLine(text=text):
-            return text.replace("\n", " ").encode() + b"\n"
+            # one line, and never a control frame: a leading \x02 is the frames' marker
+            return text.replace("\n", " ").lstrip("\x02").encode() + b"\n"
         case Reset():
             return CONTROL + b"RESET\n"
         case More():
@@ -227,7 +228,7 @@ def encode_input(event: UserLine | Reset | More | CancelAnswer | RawPrompt) -> b
         case RawPrompt():
             e = event
             payload = e.prompt.encode()
-            head = f"PROMPT {len(payload)} {e.max_tokens} {e.temperature:g} {e.top_p:g} {e.slot}\n"
+            head = f"PROMPT {len(payload)} {e.max_tokens} {e.temperature!r} {e.top_p!r} {e.slot}\n"
             return CONTROL + head.encode() + payload + b"\n"
     raise TypeError(f"not a legacy input: {event!r}")
 

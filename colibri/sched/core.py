@@ -99,6 +99,7 @@ class Engine:
         self.requests: dict[int, Request] = {}
         self.active: list[Request] = []
         self.step_lock = trio.Lock()
+        self._usage_lock = trio.Lock()
         self._work = trio.Event()
         self.idle = trio.Event()
         self.idle.set()
@@ -123,19 +124,30 @@ class Engine:
             slot.history = tokens or []
 
     async def persist_slot(self, slot: Slot) -> None:
+        """Write the slot's file. A failure (disk full, permissions) is a warning: the previous
+        file stays intact and the engine goes on serving from memory."""
         if self.state_dir is None:
             return
         history = list(slot.history)
-        await trio.to_thread.run_sync(
-            lambda: persist.save_slot(self.state_dir, slot.index, history, self.kv.k[slot.index],
-                                      self.kv.v[slot.index], self.model_fp, self.layout_fp)
-        )
+        try:
+            await trio.to_thread.run_sync(
+                lambda: persist.save_slot(self.state_dir, slot.index, history, self.kv.k[slot.index],
+                                          self.kv.v[slot.index], self.model_fp, self.layout_fp)
+            )
+        except OSError as e:
+            warn(f"slot {slot.index} not persisted: {e}")
 
     async def save_usage(self) -> None:
-        if self.state_dir is not None:
-            await trio.to_thread.run_sync(
-                persist.save_usage, self.state_dir, np.zeros(0, np.float32), self.model_fp
-            )
+        """``.coli_usage``; one writer at a time (turns end concurrently, the temp file is shared)."""
+        if self.state_dir is None:
+            return
+        async with self._usage_lock:
+            try:
+                await trio.to_thread.run_sync(
+                    persist.save_usage, self.state_dir, np.zeros(0, np.float32), self.model_fp
+                )
+            except OSError as e:
+                warn(f"routing heat not persisted: {e}")
 
     # ------------------------------------------------------------------ requests
 
