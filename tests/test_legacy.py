@@ -24,8 +24,9 @@ class LegacyEngine:
     @classmethod
     async def start(cls, *args: str, env: dict[str, str] | None = None) -> LegacyEngine:
         cmd = [sys.executable, "-m", "colibri", "engine", "--no-persist", *args]
-        proc = await trio.lowlevel.open_process(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                env={**os.environ, **(env or {})})
+        proc = await trio.lowlevel.open_process(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, **(env or {})}
+        )
         return cls(proc)
 
     async def ask(self, event) -> tuple[bytes, list]:
@@ -85,7 +86,9 @@ async def test_legacy_errors_keep_the_engine_going():
         await engine.proc.stdin.send_all(frame)
         with trio.fail_after(TIMEOUT):
             while not any(isinstance(e, legacy.End) for e in engine.pending):
-                engine.pending.extend(engine.reader.receive_data(await engine.proc.stdout.receive_some(1 << 16)))
+                engine.pending.extend(
+                    engine.reader.receive_data(await engine.proc.stdout.receive_some(1 << 16))
+                )
         failed = [e for e in engine.pending if isinstance(e, legacy.Failed)]
         assert failed and failed[0].code == code, frame
         engine.pending.clear()
@@ -96,7 +99,9 @@ async def test_legacy_errors_keep_the_engine_going():
 
 async def test_legacy_cancel_stops_the_answer():
     engine = await LegacyEngine.start("--protocol", "legacy", "--max-tokens", "300")
-    await engine.proc.stdin.send_all(legacy.encode_input(legacy.UserLine("Write a long story about a dragon.")))
+    await engine.proc.stdin.send_all(
+        legacy.encode_input(legacy.UserLine("Write a long story about a dragon."))
+    )
     with trio.fail_after(TIMEOUT):
         got = b""
         while len(got) < 20:
@@ -112,8 +117,12 @@ async def test_legacy_cancel_stops_the_answer():
 
 
 def test_coli_chat_streams_resets_and_survives_ctrl_c():
-    proc = subprocess.Popen([sys.executable, "-m", "colibri", "chat", "--max-tokens", "200"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "colibri", "chat", "--max-tokens", "200"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     os.set_blocking(proc.stdout.fileno(), True)
     proc.stdin.write(b"What is the capital of France?\n")
     proc.stdin.flush()

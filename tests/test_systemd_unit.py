@@ -24,6 +24,8 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
     coli = Path(sys.executable).parent / "coli"
     unit = tmp_path / "coli.service"
     unit.write_text(UNIT.read_text().replace("/opt/colibri/.venv/bin/coli", str(coli)))
-    proc = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
     problems = [line for line in (proc.stdout + proc.stderr).splitlines() if "coli.service" in line]
     assert proc.returncode == 0 and not problems, proc.stdout + proc.stderr
