@@ -16,6 +16,7 @@ import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import PathConverter
 
 from colibri import __version__
 from colibri.api import openai
@@ -32,6 +33,16 @@ from colibri.io.events import Data, Done, Error, ErrorCode, Perf, TopK
 MAX_BODY = 4 << 20
 # Seconds a client may take to send its body: a slow-loris guard.
 BODY_TIMEOUT_S = 30
+# No bound on sending a response: a stream lasts as long as its generation (Quart's default, 60 s,
+# would cut a long stream off mid-body).
+RESPONSE_TIMEOUT_S = None
+
+
+class PagePath(PathConverter):
+    """A path of the web page: anything outside the API's ``v1/`` (an unknown API path is a 404, a
+    GET on a POST route a 405, never the page)."""
+
+    regex = r"(?!v1(?:/|$))[^/].*?"
 
 
 @dataclass
@@ -56,7 +67,10 @@ class ServerState:
 
 def create_app(state: ServerState) -> QuartTrio:
     app = QuartTrio("colibri")
-    app.config.update(MAX_CONTENT_LENGTH=MAX_BODY, BODY_TIMEOUT=BODY_TIMEOUT_S)
+    app.url_map.converters["page"] = PagePath
+    app.config.update(
+        MAX_CONTENT_LENGTH=MAX_BODY, BODY_TIMEOUT=BODY_TIMEOUT_S, RESPONSE_TIMEOUT=RESPONSE_TIMEOUT_S
+    )
     registry, metrics = server_metrics()
     site = StaticSite(state.web_dist)
 
@@ -204,11 +218,13 @@ def create_app(state: ServerState) -> QuartTrio:
         if gen.stream:
 
             async def stream() -> AsyncIterator[bytes]:
+                frames = run.sse()
                 try:
-                    async for frame in run.sse():
+                    async for frame in frames:
                         yield frame
                 finally:
                     with trio.CancelScope(shield=True):
+                        await frames.aclose()  # ends the request in the engine before the slot is freed
                         await holder.__aexit__(None, None, None)
                     metrics.requests.inc(endpoint=endpoint, status="200")
 
@@ -237,7 +253,7 @@ def create_app(state: ServerState) -> QuartTrio:
         return await generate("completion")
 
     @app.get("/")
-    @app.get("/<path:path>")
+    @app.get("/<page:path>")
     async def web(path: str = ""):
         return await site.serve(path)
 
@@ -261,29 +277,29 @@ class _Run:
         """(text to emit, tokens completed) pairs; sets finish, done, perf at the end."""
         g, start, last = self.gen, time.perf_counter(), None
         pending: list[openai.TokenLogprob] = []
+        held: tuple[str, bool] | None = None  # a DATA's text and stop hit, until its TOPK (which follows)
+        stream = self.state.engine.generate(g.prompt, self.slot, g.max_tokens, g.temperature, g.top_p, g.seed)
         try:
-            async for event in self.state.engine.generate(
-                g.prompt, self.slot, g.max_tokens, g.temperature, g.top_p, g.seed
-            ):
+            async for event in stream:
+                if isinstance(event, TopK):
+                    pending.append(self._token(event.candidates))
+                if held is not None:  # the text goes out with the logprobs of the tokens that made it
+                    (out, hit), held = held, None
+                    yield out, pending
+                    pending = []
+                    if hit:
+                        self.finish = "stop"
+                        return  # closing the stream (below) cancels the request in the engine
                 match event:
-                    case TopK(candidates=cands):
+                    case TopK():
                         now = time.perf_counter()
                         if last is None:
                             self.metrics.time_to_first_token.observe(now - start)
                         else:
                             self.metrics.token_latency.observe(now - last)
                         last = now
-                        (lp, text), top = cands[0], sorted(cands, key=lambda c: -c[0])
-                        tok = openai.TokenLogprob(text, lp, [(t, p) for p, t in top])
-                        self.tokens.append(tok)
-                        pending.append(tok)
                     case Data(text=data):
-                        out, hit = self.stops.feed(data.decode("utf-8", errors="replace"))
-                        yield out, pending
-                        pending = []
-                        if hit:
-                            self.finish = "stop"
-                            return  # leaving the iterator cancels the request in the engine
+                        held = self.stops.feed(data.decode("utf-8", errors="replace"))
                     case Perf():
                         self.perf = event
                     case Done():
@@ -303,11 +319,21 @@ class _Run:
         except EngineDied as e:
             self.state.counters["failed"] += 1
             raise openai.ApiError(503, f"the engine stopped: {e}", type_="server_error") from None
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()  # left early: CANCEL, and wait until the engine frees the slot
+        out = held[0] if held is not None else ""
         tail = self.stops.flush()
         if self.stops.stopped:
             self.finish = "stop"
-        if tail or pending:
-            yield tail, pending
+        if out or tail or pending:
+            yield out + tail, pending
+
+    def _token(self, cands) -> openai.TokenLogprob:
+        (lp, text), top = cands[0], sorted(cands, key=lambda c: -c[0])
+        tok = openai.TokenLogprob(text, lp, [(t, p) for p, t in top])
+        self.tokens.append(tok)
+        return tok
 
     def usage(self) -> dict[str, int]:
         prompt = self.done.prompt_tokens if self.done else self.state.count_tokens(self.gen.prompt)
@@ -363,11 +389,12 @@ class _Run:
         def frame(obj) -> bytes:
             return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
+        events = self.events()
         try:
             if g.kind == "chat":
                 yield frame(openai.chunk(g, self.rid, model, self.created, role=True, text=""))
             offset = 0
-            async for text, toks in self.events():
+            async for text, toks in events:
                 if text or toks:
                     yield frame(
                         openai.chunk(
@@ -412,6 +439,9 @@ class _Run:
         except openai.ApiError as e:  # after the headers: the error travels as a final SSE event
             yield frame(e.body())
             yield b"data: [DONE]\n\n"
-        except trio.Cancelled:
+        except (trio.Cancelled, GeneratorExit):
             self.state.counters["cancelled"] += 1  # the client went away
             raise
+        finally:
+            with trio.CancelScope(shield=True):
+                await events.aclose()

@@ -32,6 +32,9 @@ from colibri.io.events import (
 )
 from colibri.io.mux import ResponseReader, encode_request
 
+# Seconds to wait for the engine to end a request it was told to CANCEL (one step, normally): its
+# slot is the engine's until then, so the server must not hand the slot to another request earlier.
+CANCEL_WAIT_S = 30.0
 # Restart backoff after the engine dies: doubling from the first to the last, so a crash loop costs
 # little CPU and a one-off crash little downtime.
 RESTART_FIRST_S = 0.5
@@ -58,6 +61,7 @@ class Telemetry:
 class _Flight:
     send: trio.MemorySendChannel
     abandoned: bool = False
+    ended: trio.Event = field(default_factory=trio.Event)  # its DONE or ERROR came, or the engine died
 
 
 @dataclass
@@ -133,6 +137,7 @@ class EngineClient:
                         if isinstance(event, Done | Error):
                             self._flights.pop(rid, None)
                             flight.send.close()
+                            flight.ended.set()
                     continue
                 self._note(event)
 
@@ -151,6 +156,7 @@ class EngineClient:
     def _fail_all(self) -> None:
         for flight in self._flights.values():
             flight.send.close()  # the iterator sees the channel end without Done: EngineDied
+            flight.ended.set()
         self._flights.clear()
 
     async def wait_ready(self) -> None:
@@ -194,6 +200,9 @@ class EngineClient:
                         await self._write(encode_request(Cancel(rid)))  # its ERROR is dropped
                     except EngineDied:
                         self._flights.pop(rid, None)
+                    else:  # the engine holds the slot until the request ends: wait for that
+                        with trio.move_on_after(CANCEL_WAIT_S):
+                            await flight.ended.wait()
 
     async def shutdown(self) -> None:
         """EOF to the engine: it finishes, persists and exits; no restart follows."""

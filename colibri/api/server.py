@@ -75,9 +75,24 @@ class ConcurrencyLimit:
             return
         self.active += 1
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, _shield_last_send(send))
         finally:
             self.active -= 1
+
+
+def _shield_last_send(send):
+    """hypercorn closes or recycles the connection inside the ``send`` of a response's last body
+    message, and quart-trio cancels the request's tasks as soon as hypercorn reports the stream
+    closed, cutting that short: the socket then stayed open for good (no close after
+    ``Connection: close`` or an unread body, no keep-alive timeout). Shielded, it completes."""
+
+    async def wrapped(message) -> None:
+        if message.get("type") == "http.response.body" and not message.get("more_body", False):
+            with trio.CancelScope(shield=True):
+                return await send(message)
+        return await send(message)
+
+    return wrapped
 
 
 def serve(cfg: ServeConfig) -> int:
