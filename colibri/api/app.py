@@ -111,7 +111,10 @@ def create_app(state: ServerState) -> QuartTrio:
         message = {413: f"request body over {MAX_BODY} bytes", 408: "request body too slow"}.get(
             e.code, e.description or e.name
         )
-        return error(openai.ApiError(e.code or 400, message, type_=kind))
+        response = error(openai.ApiError(e.code or 400, message, type_=kind))
+        if e.code in (408, 413):  # the body is left unread: say the connection ends, so no client reuses it
+            response.headers["connection"] = "close"
+        return response
 
     @app.errorhandler(Exception)
     async def crash(e: Exception) -> Response:
