@@ -39,6 +39,8 @@ CANCEL_WAIT_S = 30.0
 # little CPU and a one-off crash little downtime.
 RESTART_FIRST_S = 0.5
 RESTART_MAX_S = 30.0
+# An engine that served this long before dying was healthy: the next restart waits the first delay.
+RESTART_RESET_S = 60.0
 READ_SIZE = 1 << 16
 
 
@@ -87,6 +89,7 @@ class EngineClient:
             proc = await trio.lowlevel.open_process(
                 cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env
             )
+            began = trio.current_time()
             try:
                 self._proc = proc
                 await self._read(proc, task_status if not started else None)
@@ -104,6 +107,8 @@ class EngineClient:
             self.reason = f"engine exited with status {code}; restarting"
             self._fail_all()
             self._ready_event = trio.Event()
+            if trio.current_time() - began > RESTART_RESET_S:
+                backoff = RESTART_FIRST_S
             print(f"colibri: {self.reason} in {backoff:.1f}s", file=sys.stderr, flush=True)
             await trio.sleep(backoff)
             backoff = min(RESTART_MAX_S, backoff * 2)
