@@ -10,6 +10,11 @@ __version__ = "0.1.0"
 # fight numba's spinning OpenMP threads for the cores (colibri/model/kernels/__init__.py).
 # Set before numpy or scipy first load OpenBLAS.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# OpenMP's threads spin ~300k rounds after each parallel region before they sleep. With the cores
+# to ourselves that spin is free; with any other busy process (a test suite, a second engine) the
+# spinning threads steal the cores the work needs: a loaded 2-core machine ran 15x slower. A short
+# spin costs nothing measurable when idle (bench/bench_forward.py) and keeps loaded runs sane.
+os.environ.setdefault("GOMP_SPINCOUNT", "2000")
 
 
 def _numba_cache_dir() -> str:
