@@ -91,8 +91,6 @@ class LegacyReader:
     def __init__(self) -> None:
         self._buf = ReceiveBuffer()
         self._frame: tuple[int, RawPrompt | None] | None = None
-        self._skip = 0  # payload bytes (and its \n) of an oversized PROMPT still to drop
-        self._drop_line = False
         self._eof = False
 
     def receive_data(self, data: bytes) -> list[LegacyInput]:
@@ -103,7 +101,7 @@ class LegacyReader:
         out = self._parse()
         if not data:
             self._eof = True
-            if self._frame is None and len(self._buf) and not self._drop_line:
+            if self._frame is None and len(self._buf) and not self._buf.dropping_line:
                 out.extend(self._line(self._buf.take(len(self._buf)) or b""))  # a last unterminated line
             if self._frame is not None:  # (also a PROMPT header that was that last line)
                 out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "EOF in a PROMPT frame"))
@@ -113,23 +111,17 @@ class LegacyReader:
     def _parse(self) -> list[LegacyInput]:
         out: list[LegacyInput] = []
         while True:
-            if self._skip:
-                self._skip -= self._buf.skip(self._skip)
-                if self._skip:
-                    return out
-            if self._drop_line:
-                if not self._buf.skip_line():
-                    return out
-                self._drop_line = False
+            if not self._buf.resynced():
+                return out
             if self._frame is not None:
                 n, header = self._frame
-                if len(self._buf) < n + 1:
+                got = self._buf.take_payload(n)
+                if got is None:
                     return out
-                payload = self._buf.take(n) or b""
+                payload, framed = got
                 self._frame = None
-                if self._buf.take(1) != b"\n":
+                if not framed:
                     out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "payload not followed by newline"))
-                    self._drop_line = True
                     continue
                 if header is None:
                     continue
@@ -147,7 +139,7 @@ class LegacyReader:
             if line is None:
                 if len(self._buf) > MAX_LINE + 1:  # + 1: a CR before the \n is not part of the line
                     out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "line too long"))
-                    self._drop_line = True
+                    self._buf.drop_through_newline()
                     continue
                 return out
             out.extend(self._line(line))
@@ -181,7 +173,7 @@ class LegacyReader:
         if n < 0:
             return [ProtocolError(0, ErrorCode.BAD_REQUEST, "bad PROMPT byte count")]
         if n > MAX_PAYLOAD:
-            self._skip = n + 1  # as the mux reader: the payload's lines are not user messages
+            self._buf.discard(n + 1)  # as the mux reader: the payload's lines are not user messages
             return [ProtocolError(0, ErrorCode.BAD_REQUEST, f"payload over {MAX_PAYLOAD} bytes")]
         try:
             if not fields[2].isdigit() or int(fields[2]) > MAX_TOKENS_LIMIT:

@@ -75,8 +75,6 @@ class RequestReader:
     def __init__(self) -> None:
         self._buf = ReceiveBuffer()
         self._payload: tuple[int, Submit | None] | None = None  # (bytes, header) being read
-        self._skip = 0  # payload bytes (and its \n) of a rejected SUBMIT still to drop
-        self._drop_line = False  # resynchronising: drop through the next \n
         self._eof = False
 
     def receive_data(self, data: bytes) -> list[Submit | Cancel | ProtocolError | EndOfInput]:
@@ -92,7 +90,7 @@ class RequestReader:
                 header = self._payload[1]
                 rid = header.id if header else 0
                 events.append(ProtocolError(rid, ErrorCode.BAD_FRAME, "EOF in payload"))
-            elif len(self._buf) and not self._skip and not self._drop_line:
+            elif len(self._buf) and not self._buf.pending_skip and not self._buf.dropping_line:
                 events.append(ProtocolError(0, ErrorCode.BAD_FRAME, "EOF in a line"))
             events.append(EndOfInput())
         return events
@@ -100,25 +98,18 @@ class RequestReader:
     def _parse(self) -> list[Submit | Cancel | ProtocolError]:
         out: list[Submit | Cancel | ProtocolError] = []
         while True:
-            if self._skip:
-                self._skip -= self._buf.skip(self._skip)
-                if self._skip:
-                    return out
-            if self._drop_line:
-                if not self._buf.skip_line():
-                    return out
-                self._drop_line = False
+            if not self._buf.resynced():
+                return out
             if self._payload is not None:
                 n, header = self._payload
-                if len(self._buf) < n + 1:
+                got = self._buf.take_payload(n)
+                if got is None:
                     return out
-                payload = self._buf.take(n)
-                assert payload is not None
+                payload, framed = got
                 self._payload = None
-                if self._buf.take(1) != b"\n":
+                if not framed:
                     out.append(ProtocolError(header.id if header else 0, ErrorCode.BAD_FRAME,
                                              "payload not followed by newline"))
-                    self._drop_line = True
                     continue
                 if header is not None:
                     try:
@@ -133,7 +124,7 @@ class RequestReader:
             if line is None:
                 if len(self._buf) > MAX_LINE:
                     out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "line too long"))
-                    self._drop_line = True
+                    self._buf.drop_through_newline()
                     continue
                 return out
             if len(line) > MAX_LINE:
@@ -169,7 +160,7 @@ class RequestReader:
         except ValueError:
             return ProtocolError(rid, ErrorCode.BAD_REQUEST, "byte count is not a number")
         if n > MAX_PAYLOAD:
-            self._skip = n + 1
+            self._buf.discard(n + 1)
             return ProtocolError(rid, ErrorCode.BAD_REQUEST, f"payload over {MAX_PAYLOAD} bytes")
         try:
             if rid == 0:
@@ -252,33 +243,30 @@ class ResponseReader:
     def __init__(self) -> None:
         self._buf = ReceiveBuffer()
         self._data: tuple[int, int] | None = None  # DATA (id, bytes) whose payload is awaited
-        self._drop_line = False  # resynchronising: drop through the next \n, even in a later chunk
 
     def receive_data(self, data: bytes) -> list:
         self._buf.feed(data)
         out: list = []
         while True:
-            if self._drop_line:
-                if not self._buf.skip_line():
-                    return out
-                self._drop_line = False
+            if not self._buf.resynced():
+                return out
             if self._data is not None:
                 rid, n = self._data
-                if len(self._buf) < n + 1:
+                got = self._buf.take_payload(n)
+                if got is None:
                     return out
-                text = self._buf.take(n)
                 self._data = None
-                if self._buf.take(1) != b"\n":
+                text, framed = got
+                if not framed:
                     out.append(ProtocolError(rid, ErrorCode.BAD_FRAME, "DATA payload without newline"))
-                    self._drop_line = True
                     continue
-                out.append(Data(rid, text or b""))
+                out.append(Data(rid, text))
                 continue
             line = self._buf.take_line()
             if line is None:
                 if len(self._buf) > MAX_RESPONSE_LINE:
                     out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "line too long"))
-                    self._drop_line = True
+                    self._buf.drop_through_newline()
                     continue
                 return out
             if len(line) > MAX_RESPONSE_LINE:  # as when it arrives in pieces
