@@ -1,4 +1,8 @@
-"""Hyperparameters of a model, read from its GGUF metadata under the architecture's prefix."""
+"""Hyperparameters of a model, read from its GGUF metadata under the architecture's prefix.
+
+The mixture-of-experts fields are optional, with the value a dense model has (0, or None for "not
+in the file"), so a dense model loads exactly as before; the keys are llama.cpp's.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from colibri.store.gguf import GGUFError, GGUFFile
 @dataclass(frozen=True)
 class HParams:
     arch: str
-    n_layers: int
+    n_layers: int  # layers the forward pass runs (block_count less any next-token-prediction layers)
     n_embd: int
     n_ff: int
     n_heads: int
@@ -21,6 +25,18 @@ class HParams:
     norm_eps: float
     n_vocab: int
     context_length: int
+    # Mixture of experts (0 / None in a dense model).
+    n_expert: int = 0  # expert_count: routed experts per MoE layer
+    n_expert_used: int = 0  # expert_used_count: experts each token is routed to (top-k)
+    n_ff_exp: int = 0  # expert_feed_forward_length: rows of one expert's gate (and up) matrix
+    n_ff_shexp: int = 0  # expert_shared_feed_forward_length
+    n_expert_shared: int = 0  # expert_shared_count
+    n_expert_groups: int = 0  # expert_group_count: grouped top-k when > 1
+    n_group_used: int = 0  # expert_group_used_count: groups kept
+    n_dense_lead: int = 0  # leading_dense_block_count: the first layers have a dense FFN
+    expert_weights_scale: float = 0.0  # routed scaling factor (0: none)
+    expert_weights_norm: bool | None = None  # renormalise the top-k weights; None: arch default
+    expert_gating_func: int = 0  # 0: the architecture's default, 1: softmax, 2: sigmoid
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> HParams:
@@ -34,13 +50,17 @@ class HParams:
                 raise GGUFError(f"{gguf.path}: metadata {arch}.{key} is missing")
             return value
 
+        def opt(key: str, default: int | float = 0) -> int | float:
+            return gguf.get(f"{arch}.{key}", default)
+
         n_embd, n_heads = int(need("embedding_length")), int(need("attention.head_count"))
         head_dim = int(gguf.get(f"{arch}.attention.key_length", n_embd // n_heads))
         embd = gguf.tensors.get("token_embd.weight")
         n_vocab = int(gguf.get(f"{arch}.vocab_size", embd.shape[1] if embd else 0))
+        norm = gguf.get(f"{arch}.expert_weights_norm")
         return cls(
             arch=arch,
-            n_layers=int(need("block_count")),
+            n_layers=int(need("block_count")) - int(opt("nextn_predict_layers")),
             n_embd=n_embd,
             n_ff=int(need("feed_forward_length")),
             n_heads=n_heads,
@@ -51,4 +71,15 @@ class HParams:
             norm_eps=float(gguf.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
             n_vocab=n_vocab,
             context_length=int(gguf.get(f"{arch}.context_length", 2048)),
+            n_expert=int(opt("expert_count")),
+            n_expert_used=int(opt("expert_used_count")),
+            n_ff_exp=int(opt("expert_feed_forward_length")),
+            n_ff_shexp=int(opt("expert_shared_feed_forward_length")),
+            n_expert_shared=int(opt("expert_shared_count")),
+            n_expert_groups=int(opt("expert_group_count")),
+            n_group_used=int(opt("expert_group_used_count")),
+            n_dense_lead=int(opt("leading_dense_block_count")),
+            expert_weights_scale=float(opt("expert_weights_scale", 0.0)),
+            expert_weights_norm=None if norm is None else bool(norm),
+            expert_gating_func=int(opt("expert_gating_func")),
         )

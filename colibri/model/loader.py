@@ -6,12 +6,20 @@ from functools import cached_property
 from pathlib import Path
 
 from colibri.model.chat import ChatTemplate
+from colibri.model.glm4moe import Glm4MoeModel
 from colibri.model.hparams import HParams
 from colibri.model.llama import LlamaModel
+from colibri.model.qwen_moe import Qwen2MoeModel, Qwen3MoeModel
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.gguf import GGUFError, GGUFFile
 
-ARCHITECTURES = {"llama": LlamaModel}
+# GGUF general.architecture -> network. Mixtral-style models are "llama" with expert tensors.
+ARCHITECTURES = {
+    "llama": LlamaModel,
+    "qwen2moe": Qwen2MoeModel,
+    "qwen3moe": Qwen3MoeModel,
+    "glm4moe": Glm4MoeModel,
+}
 
 
 class Model:

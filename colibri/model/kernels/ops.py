@@ -1,4 +1,5 @@
-"""Element-wise and row-wise kernels of the transformer block: RMSNorm, RoPE, SwiGLU."""
+"""Element-wise and row-wise kernels of the transformer block: RMSNorm (whole rows or per head),
+RoPE (normal and NEOX, full or partial), SwiGLU, bias and residual adds."""
 
 from __future__ import annotations
 
@@ -19,6 +20,21 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> N
         scale = np.float32(1.0) / np.sqrt(ss / np.float32(k) + np.float32(eps))
         for i in range(k):
             out[t, i] = x[t, i] * scale * weight[i]
+
+
+@nb.njit(**_JIT)
+def rmsnorm_heads(x: np.ndarray, weight: np.ndarray, n_heads: int, head_dim: int, eps: float) -> None:
+    """RMSNorm of each head of each row in place: ``x`` is (T, n_heads * head_dim), ``weight``
+    (head_dim,) is shared by the heads (the q/k norms of qwen3 and glm4moe)."""
+    for t in range(x.shape[0]):
+        for h in range(n_heads):
+            o = h * head_dim
+            ss = np.float32(0.0)
+            for i in range(head_dim):
+                ss += x[t, o + i] * x[t, o + i]
+            scale = np.float32(1.0) / np.sqrt(ss / np.float32(head_dim) + np.float32(eps))
+            for i in range(head_dim):
+                x[t, o + i] = x[t, o + i] * scale * weight[i]
 
 
 @nb.njit(**_JIT)
@@ -53,6 +69,31 @@ def rope(x: np.ndarray, positions: np.ndarray, n_heads: int, head_dim: int, inv_
 
 
 @nb.njit(**_JIT)
+def rope_neox(
+    x: np.ndarray, positions: np.ndarray, n_heads: int, head_dim: int, inv_freq: np.ndarray,
+) -> None:
+    """Rotate the pairs ``(i, i + rope_dim/2)`` of each head in place (ggml's NEOX RoPE, which is
+    Hugging Face's ``rotate_half``): qwen2moe, qwen3moe, glm4moe.
+
+    ``rope_dim`` is ``2 * len(inv_freq)``; dimensions from ``rope_dim`` to ``head_dim`` are left as
+    they are (partial rotary: glm4moe rotates the first half of each head).
+    """
+    half = inv_freq.shape[0]
+    for t in range(x.shape[0]):
+        p = np.float64(positions[t])
+        for i in range(half):
+            angle = p * inv_freq[i]
+            c = np.float32(np.cos(angle))
+            s = np.float32(np.sin(angle))
+            for h in range(n_heads):
+                j = h * head_dim + i
+                a = x[t, j]
+                b = x[t, j + half]
+                x[t, j] = a * c - b * s
+                x[t, j + half] = a * s + b * c
+
+
+@nb.njit(**_JIT)
 def swiglu(gate: np.ndarray, up: np.ndarray) -> None:
     """``gate = silu(gate) * up`` in place."""
     t_rows, k = gate.shape
@@ -68,3 +109,11 @@ def add_into(x: np.ndarray, y: np.ndarray) -> None:
     for t in range(x.shape[0]):
         for i in range(x.shape[1]):
             x[t, i] += y[t, i]
+
+
+@nb.njit(**_JIT)
+def add_bias(x: np.ndarray, b: np.ndarray) -> None:
+    """``x[t] += b`` for every row t."""
+    for t in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            x[t, i] += b[i]

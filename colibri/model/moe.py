@@ -1,0 +1,278 @@
+"""The mixture-of-experts feed-forward: routing, batched expert application, shared experts.
+
+A MoE layer replaces the dense FFN by ``n_expert`` small SwiGLU FFNs (the routed experts) and a
+router ``ffn_gate_inp`` that scores them for each token. Each token (row) goes through its top-k
+experts and sums their outputs, weighted. The gating styles (see ``docs/architecture.md``):
+
+- softmax (mixtral, qwen2moe, qwen3moe): ``p = softmax(router · h)`` over all experts, the k best,
+  their weights ``p``, renormalised to sum 1 or not (``norm``).
+- sigmoid (glm4moe): ``s = sigmoid(router · h)``; the experts are *chosen* by ``s + bias`` (the
+  score-correction bias ``exp_probs_b``), optionally within the ``topk_group`` best of ``n_group``
+  groups (a group ranked by the sum of its two best corrected scores), and *weighted* by the
+  uncorrected ``s``, renormalised, then multiplied by the routed scaling factor.
+
+Batched routing: in a step, each distinct expert is fetched from the ``ExpertStore`` once and
+applied once, to all the rows routed to it (gathered, decode rows first so the sub-batch takes the
+same direct/tiled split as the step; see ``qmatmul``). Each (row, rank) output lands in its own
+slot, and a row's outputs are summed in the row's own top-k rank order afterwards: the rounding of
+the sum depends on the row alone, never on which other rows are in the step or in what order the
+experts ran.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba as nb
+import numpy as np
+
+from colibri.model.hparams import HParams
+from colibri.model.kernels.ops import add_into
+from colibri.model.transformer import FFN, load_ffn, load_matrix, optional_vector, swiglu_ffn
+from colibri.store.experts import ExpertStore, ExpertWeights
+from colibri.store.gguf import GGUFFile
+
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
+
+_JIT = dict(nogil=True, cache=True)
+_JIT_FAST = dict(nogil=True, cache=True, fastmath=True)
+
+
+class Routing(NamedTuple):
+    """How a layer's router turns scores into (expert, weight) pairs."""
+
+    gating: int  # GATING_SOFTMAX or GATING_SIGMOID
+    k: int  # experts per token
+    norm: bool  # renormalise the k weights to sum 1
+    scale: float  # multiply the weights by this (0 or 1: no scaling)
+    n_group: int  # grouped selection when > 1 (glm4moe, deepseek)
+    topk_group: int  # groups kept
+
+
+def routing(hp: HParams, gating: int, norm: bool) -> Routing:
+    """The rule of a model: the architecture's gating and renormalisation unless the file says
+    otherwise (``expert_gating_func``, ``expert_weights_norm``), and the file's k, scale, groups."""
+    return Routing(
+        gating=hp.expert_gating_func or gating,
+        k=hp.n_expert_used,
+        norm=norm if hp.expert_weights_norm is None else hp.expert_weights_norm,
+        scale=hp.expert_weights_scale,
+        n_group=hp.n_expert_groups,
+        topk_group=hp.n_group_used,
+    )
+
+
+# -- routing ---------------------------------------------------------------------------------------
+
+
+@nb.njit(parallel=True, **_JIT_FAST)
+def router_logits(h: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+    """``out[t, e] = w[e] · h[t]``, each row on its own (no BLAS: a row's logits do not depend on
+    how many rows the step has)."""
+    for t in nb.prange(h.shape[0]):
+        for e in range(w.shape[0]):
+            acc = np.float32(0.0)
+            for i in range(w.shape[1]):
+                acc += w[e, i] * h[t, i]
+            out[t, e] = acc
+
+
+@nb.njit(**_JIT)
+def _top_k(scores: np.ndarray, allowed: np.ndarray, k: int, ids: np.ndarray) -> None:
+    """The k best allowed scores, best first (ties: the lower expert id first)."""
+    taken = ~allowed
+    for r in range(k):
+        best = -1
+        for e in range(scores.shape[0]):
+            if not taken[e] and (best < 0 or scores[e] > scores[best]):
+                best = e
+        ids[r] = best
+        taken[best] = True
+
+
+@nb.njit(**_JIT)
+def route(logits: np.ndarray, bias: np.ndarray, rule: Routing, ids: np.ndarray, weights: np.ndarray) -> None:
+    """Experts ``ids[t, :k]`` (best first) and weights ``weights[t, :k]`` of every row."""
+    n_exp = logits.shape[1]
+    probs = np.empty(n_exp, np.float32)
+    select = np.empty(n_exp, np.float32)
+    allowed = np.ones(n_exp, np.bool_)
+    per_group = n_exp // max(rule.n_group, 1)
+    group_score = np.empty(max(rule.n_group, 1), np.float32)
+    group_ids = np.empty(max(rule.topk_group, 1), np.int64)
+    for t in range(logits.shape[0]):
+        row = logits[t]
+        if rule.gating == GATING_SIGMOID:
+            for e in range(n_exp):
+                probs[e] = np.float32(1.0) / (np.float32(1.0) + np.exp(-row[e]))
+        else:
+            peak = row.max()
+            total = np.float32(0.0)
+            for e in range(n_exp):
+                probs[e] = np.exp(row[e] - peak)
+                total += probs[e]
+            for e in range(n_exp):
+                probs[e] /= total
+        # The selection scores: the weights' scores plus the selection-only bias.
+        for e in range(n_exp):
+            select[e] = probs[e] + bias[e] if bias.shape[0] > 0 else probs[e]
+        allowed[:] = True
+        if rule.n_group > 1:
+            for g in range(rule.n_group):
+                first = second = -np.inf
+                for e in range(g * per_group, (g + 1) * per_group):
+                    s = select[e]
+                    if s > first:
+                        first, second = s, first
+                    elif s > second:
+                        second = s
+                group_score[g] = first + second if per_group > 1 else first
+            _top_k(group_score, np.ones(rule.n_group, np.bool_), rule.topk_group, group_ids)
+            allowed[:] = False
+            for gi in range(rule.topk_group):
+                g = group_ids[gi]
+                allowed[g * per_group : (g + 1) * per_group] = True
+        _top_k(select, allowed, rule.k, ids[t])
+        total = np.float32(0.0)
+        for r in range(rule.k):
+            weights[t, r] = probs[ids[t, r]]
+            total += weights[t, r]
+        if rule.norm:
+            total = max(total, np.float32(6.103515625e-5))  # llama.cpp's clamp (F16's smallest normal)
+            for r in range(rule.k):
+                weights[t, r] /= total
+        if rule.scale != 0.0 and rule.scale != 1.0:
+            for r in range(rule.k):
+                weights[t, r] *= np.float32(rule.scale)
+
+
+@nb.njit(**_JIT)
+def by_expert(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Group the (row, rank) pairs by expert: ``experts`` (the distinct ones, ascending), and for
+    the i-th, its pairs ``rows[starts[i]:starts[i+1]]``, ``ranks[...]``, rows ascending (so the
+    step's decode rows, which come first, come first in every expert's sub-batch)."""
+    t_rows, k = ids.shape
+    count = np.zeros(n_expert + 1, np.int64)
+    for t in range(t_rows):
+        for r in range(k):
+            count[ids[t, r] + 1] += 1
+    n_distinct = 0
+    for e in range(n_expert):
+        if count[e + 1] > 0:
+            n_distinct += 1
+        count[e + 1] += count[e]  # now count[e] = first slot of expert e
+    experts = np.empty(n_distinct, np.int64)
+    starts = np.empty(n_distinct + 1, np.int64)
+    i = 0
+    for e in range(n_expert):
+        if count[e + 1] > count[e]:
+            experts[i] = e
+            starts[i] = count[e]
+            i += 1
+    starts[n_distinct] = t_rows * k
+    fill = count[:n_expert].copy()
+    rows = np.empty(t_rows * k, np.int64)
+    ranks = np.empty(t_rows * k, np.int64)
+    for t in range(t_rows):
+        for r in range(k):
+            e = ids[t, r]
+            rows[fill[e]] = t
+            ranks[fill[e]] = r
+            fill[e] += 1
+    return experts, starts, rows, ranks
+
+
+# -- applying experts ------------------------------------------------------------------------------
+
+
+@nb.njit(**_JIT)
+def apply_expert(
+    h: np.ndarray, rows: np.ndarray, ranks: np.ndarray, n_direct: int, w: ExpertWeights,
+    out: np.ndarray,
+) -> None:
+    """One expert on the rows routed to it: ``out[rows[j], ranks[j]] = expert(h[rows[j]])``.
+    Rows below ``n_direct`` (decode rows) take the direct matmul path, as in the whole step."""
+    n = rows.shape[0]
+    sub = np.empty((n, h.shape[1]), np.float32)
+    sub_direct = 0
+    for j in range(n):
+        sub[j] = h[rows[j]]
+        if rows[j] < n_direct:
+            sub_direct += 1
+    y = np.empty((n, out.shape[2]), np.float32)
+    swiglu_ffn(sub, w.gate_up, w.down, sub_direct, y)
+    for j in range(n):
+        out[rows[j], ranks[j]] = y[j]
+
+
+@nb.njit(**_JIT)
+def combine(expert_out: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+    """``out[t] = sum_r weights[t, r] * expert_out[t, r]``, summed in rank order."""
+    t_rows, k, n = expert_out.shape
+    for t in range(t_rows):
+        for i in range(n):
+            acc = weights[t, 0] * expert_out[t, 0, i]
+            for r in range(1, k):
+                acc += weights[t, r] * expert_out[t, r, i]
+            out[t, i] = acc
+
+
+@nb.njit(**_JIT)
+def add_shared_expert(h: np.ndarray, f: FFN, gate: np.ndarray, n_direct: int, out: np.ndarray) -> None:
+    """``out += g * shared(h)``, with ``g = sigmoid(gate · h)`` per row when ``gate`` is not empty
+    (qwen2moe), 1 otherwise (glm4moe)."""
+    y = np.empty_like(out)
+    swiglu_ffn(h, f.gate_up, f.down, n_direct, y)
+    if gate.shape[0] > 0:
+        for t in range(h.shape[0]):
+            z = np.float32(0.0)
+            for i in range(h.shape[1]):
+                z += gate[i] * h[t, i]
+            g = np.float32(1.0) / (np.float32(1.0) + np.exp(-z))
+            for i in range(y.shape[1]):
+                y[t, i] *= g
+    add_into(out, y)
+
+
+class MoEFFN:
+    """A layer's expert feed-forward: router, routing rule, the experts (through the store) and
+    the optional shared expert. ``__call__`` is the whole FFN of a MoE layer."""
+
+    def __init__(
+        self, layer: int, router: np.ndarray, bias: np.ndarray, rule: Routing, store: ExpertStore,
+        shared: FFN | None = None, shared_gate: np.ndarray | None = None,
+    ) -> None:
+        self.layer, self.router, self.bias, self.rule, self.store = layer, router, bias, rule, store
+        self.shared = shared
+        self.shared_gate = shared_gate if shared_gate is not None else np.zeros(0, np.float32)
+
+    def __call__(self, h: np.ndarray, n_direct: int) -> np.ndarray:
+        """The FFN output for every row of ``h`` (the normed hidden state)."""
+        t_rows, k = h.shape[0], self.rule.k
+        logits = np.empty((t_rows, self.router.shape[0]), np.float32)
+        router_logits(h, self.router, logits)
+        ids = np.empty((t_rows, k), np.int64)
+        weights = np.empty((t_rows, k), np.float32)
+        route(logits, self.bias, self.rule, ids, weights)
+        experts, starts, rows, ranks = by_expert(ids, self.router.shape[0])
+        self.store.note_routing(self.layer, experts)
+        expert_out = np.empty((t_rows, k, h.shape[1]), np.float32)
+        for i, e in enumerate(experts.tolist()):
+            a, b = starts[i], starts[i + 1]
+            apply_expert(h, rows[a:b], ranks[a:b], n_direct, self.store.get(self.layer, e), expert_out)
+        out = np.empty_like(h)
+        combine(expert_out, weights, out)
+        if self.shared is not None:
+            add_shared_expert(h, self.shared, self.shared_gate, n_direct, out)
+        return out
+
+
+def load_moe_ffn(gguf: GGUFFile, layer: int, rule: Routing, store: ExpertStore) -> MoEFFN:
+    """Layer ``layer``'s router (``ffn_gate_inp``), selection bias (``exp_probs_b``) and shared
+    expert (``ffn_*_shexp``, gated by ``ffn_gate_inp_shexp``) where the file has them."""
+    p = f"blk.{layer}."
+    shared = load_ffn(gguf, p, "_shexp") if p + "ffn_down_shexp.weight" in gguf.tensors else None
+    return MoEFFN(
+        layer, load_matrix(gguf, p + "ffn_gate_inp.weight"), optional_vector(gguf, p + "exp_probs_b.bias"),
+        rule, store, shared, optional_vector(gguf, p + "ffn_gate_inp_shexp.weight"),
+    )

@@ -1,0 +1,240 @@
+"""What every architecture here shares: loading tensors, the attention half of a layer (with its
+variants), the dense SwiGLU feed-forward, the embedding and the output head.
+
+Each architecture's module (``llama.py``, ``qwen_moe.py``, ``glm4moe.py``) builds its layers from
+these and writes its own ``forward``, so that each reads top to bottom. A forward step is a ragged
+batch (see ``docs/architecture.md``): row t is token ``tokens[t]`` of KV slot ``slots[t]`` at
+``positions[t]``; rows ``[0, n_direct)`` are decode rows, which take the matmuls' direct path, the
+rest prompt rows (tiled). A row's result never depends on the other rows of the step.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba as nb
+import numpy as np
+
+from colibri.model.kernels.attention import attend, store_kv
+from colibri.model.kernels.ops import add_bias, add_into, rmsnorm, rmsnorm_heads, rope, rope_neox, swiglu
+from colibri.model.kernels.quant_matmul import Weight, dequantize_row, make_weight, qmatmul
+from colibri.store.gguf import GGUFError, GGUFFile
+
+_EMPTY = np.zeros(0, np.float32)
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+
+def load_weight(gguf: GGUFFile, *names: str) -> Weight:
+    """One matrix from one or more tensors of the same row length, stacked by rows."""
+    infos = [gguf.require_supported(n) for n in names]
+    parts = [(gguf.raw(n), int(i.gtype)) for n, i in zip(names, infos, strict=True)]
+    return make_weight(parts, infos[0].shape[0])
+
+
+def load_vector(gguf: GGUFFile, name: str) -> np.ndarray:
+    """A tensor (norm weights, biases) as a flat float32 vector, dequantized if stored otherwise."""
+    info = gguf.require_supported(name)
+    out = np.empty(info.n_elements, dtype=np.float32)
+    dequantize_row(gguf.raw(name).reshape(-1), int(info.gtype), out)
+    return out
+
+
+def load_matrix(gguf: GGUFFile, name: str) -> np.ndarray:
+    """A small matrix (a router) widened to float32 [rows, row length]."""
+    info = gguf.require_supported(name)
+    raw = gguf.raw(name)
+    out = np.empty((raw.shape[0], info.shape[0]), np.float32)
+    for r in range(raw.shape[0]):
+        dequantize_row(raw[r], int(info.gtype), out[r])
+    return out
+
+
+def optional_vector(gguf: GGUFFile, name: str) -> np.ndarray:
+    """``load_vector``, or an empty vector when the file has no such tensor."""
+    return load_vector(gguf, name) if name in gguf.tensors else _EMPTY
+
+
+def stacked_bias(gguf: GGUFFile, names: list[str], sizes: list[int]) -> np.ndarray:
+    """Biases of row-stacked matrices (q, k, v), stacked the same way; empty when none exists, zeros
+    for a part that has none."""
+    if not any(n in gguf.tensors for n in names):
+        return _EMPTY
+    return np.concatenate([
+        load_vector(gguf, n) if n in gguf.tensors else np.zeros(size, np.float32)
+        for n, size in zip(names, sizes, strict=True)
+    ])
+
+
+def require(gguf: GGUFFile, *names: str) -> None:
+    for name in names:
+        if name not in gguf.tensors:
+            raise GGUFError(f"{gguf.path}: tensor {name!r} is missing")
+
+
+# -- attention -------------------------------------------------------------------------------------
+
+
+class Attention(NamedTuple):
+    """The attention half of a layer. Optional parts are empty vectors (one NamedTuple type for
+    every variant, so numba compiles ``attention`` once)."""
+
+    norm: np.ndarray  # RMSNorm before attention
+    wqkv: Weight  # q, k and v stacked by rows: one matmul
+    bqkv: np.ndarray  # their biases, stacked (qwen2moe, glm4moe); empty: none
+    q_norm: np.ndarray  # per-head RMSNorm of q and k before RoPE (qwen3moe, glm4moe); empty: none
+    k_norm: np.ndarray
+    wo: Weight
+
+
+class AttnShape(NamedTuple):
+    """The integers and floats attention needs, as one argument."""
+
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    eps: float
+    neox: bool  # NEOX RoPE (pairs i, i + rope_dim/2) instead of llama's adjacent pairs
+
+
+def load_attention(gguf: GGUFFile, i: int, hp) -> Attention:
+    """Layer i's attention with llama.cpp's tensor names; biases and q/k norms when present."""
+    p = f"blk.{i}."
+    q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
+    return Attention(
+        norm=load_vector(gguf, p + "attn_norm.weight"),
+        wqkv=load_weight(gguf, *(p + f"attn_{x}.weight" for x in "qkv")),
+        bqkv=stacked_bias(gguf, [p + f"attn_{x}.bias" for x in "qkv"], [q_dim, kv_dim, kv_dim]),
+        q_norm=optional_vector(gguf, p + "attn_q_norm.weight"),
+        k_norm=optional_vector(gguf, p + "attn_k_norm.weight"),
+        wo=load_weight(gguf, p + "attn_output.weight"),
+    )
+
+
+@nb.njit(nogil=True, cache=True)
+def attention(
+    x: np.ndarray, a: Attention, sh: AttnShape, k_cache: np.ndarray, v_cache: np.ndarray,
+    layer: int, slots: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, n_direct: int,
+    h: np.ndarray,
+) -> None:
+    """``x += wo · attend(rope(q), rope(k), v)`` over rmsnorm(x), in place; every row writes its
+    key and value into its slot first. ``h`` (T, n_embd) is scratch."""
+    t_rows = x.shape[0]
+    q_dim, kv_dim = sh.n_heads * sh.head_dim, sh.n_kv * sh.head_dim
+    rmsnorm(x, a.norm, sh.eps, h)
+    qkv = np.empty((t_rows, q_dim + 2 * kv_dim), np.float32)
+    qmatmul(h, a.wqkv, qkv, n_direct)
+    if a.bqkv.shape[0] > 0:
+        add_bias(qkv, a.bqkv)
+    q = np.ascontiguousarray(qkv[:, :q_dim])
+    k = np.ascontiguousarray(qkv[:, q_dim : q_dim + kv_dim])
+    v = qkv[:, q_dim + kv_dim :]  # store_kv reads it in place
+    if a.q_norm.shape[0] > 0:
+        rmsnorm_heads(q, a.q_norm, sh.n_heads, sh.head_dim, sh.eps)
+    if a.k_norm.shape[0] > 0:
+        rmsnorm_heads(k, a.k_norm, sh.n_kv, sh.head_dim, sh.eps)
+    if sh.neox:
+        rope_neox(q, positions, sh.n_heads, sh.head_dim, inv_freq)
+        rope_neox(k, positions, sh.n_kv, sh.head_dim, inv_freq)
+    else:
+        rope(q, positions, sh.n_heads, sh.head_dim, inv_freq)
+        rope(k, positions, sh.n_kv, sh.head_dim, inv_freq)
+    store_kv(k, v, k_cache, v_cache, layer, slots, positions, sh.n_kv, sh.head_dim)
+    attn = np.empty((t_rows, q_dim), np.float32)
+    attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, sh.head_dim, attn)
+    qmatmul(attn, a.wo, h, n_direct)
+    add_into(x, h)
+
+
+# -- feed-forward ----------------------------------------------------------------------------------
+
+
+class FFN(NamedTuple):
+    """A SwiGLU feed-forward: ``down(silu(gate · h) * (up · h))``. A dense layer's FFN, a shared
+    expert, and (as ``ExpertWeights``, the same two fields) a routed expert."""
+
+    gate_up: Weight  # gate and up stacked by rows: one matmul
+    down: Weight
+
+
+def load_ffn(gguf: GGUFFile, prefix: str, suffix: str = "") -> FFN:
+    """``{prefix}ffn_gate{suffix}.weight`` etc.: suffix "" (dense) or "_shexp" (shared expert)."""
+    return FFN(
+        gate_up=load_weight(gguf, f"{prefix}ffn_gate{suffix}.weight", f"{prefix}ffn_up{suffix}.weight"),
+        down=load_weight(gguf, f"{prefix}ffn_down{suffix}.weight"),
+    )
+
+
+@nb.njit(nogil=True, cache=True)
+def swiglu_ffn(h: np.ndarray, gate_up: Weight, down: Weight, n_direct: int, out: np.ndarray) -> None:
+    """``out = down(silu(gate · h) * (up · h))`` for every row of ``h``."""
+    n_ff = gate_up.n_rows // 2
+    gu = np.empty((h.shape[0], 2 * n_ff), np.float32)
+    qmatmul(h, gate_up, gu, n_direct)
+    gate = np.ascontiguousarray(gu[:, :n_ff])
+    swiglu(gate, gu[:, n_ff:])
+    qmatmul(gate, down, out, n_direct)
+
+
+@nb.njit(nogil=True, cache=True)
+def dense_layer(
+    x: np.ndarray, a: Attention, ffn_norm: np.ndarray, f: FFN, sh: AttnShape, k_cache: np.ndarray,
+    v_cache: np.ndarray, layer: int, slots: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray,
+    n_direct: int,
+) -> None:
+    """A whole dense layer in one compiled call: attention, then ``x += ffn(rmsnorm(x))``."""
+    h = np.empty_like(x)
+    attention(x, a, sh, k_cache, v_cache, layer, slots, positions, inv_freq, n_direct, h)
+    rmsnorm(x, ffn_norm, sh.eps, h)
+    out = np.empty_like(x)
+    swiglu_ffn(h, f.gate_up, f.down, n_direct, out)
+    add_into(x, out)
+
+
+@nb.njit(nogil=True, cache=True)
+def attention_then_norm(
+    x: np.ndarray, a: Attention, ffn_norm: np.ndarray, sh: AttnShape, k_cache: np.ndarray,
+    v_cache: np.ndarray, layer: int, slots: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray,
+    n_direct: int, h: np.ndarray,
+) -> None:
+    """The first half of a MoE layer in one compiled call: attention on ``x``, then
+    ``h = rmsnorm(x)``, the input of the experts."""
+    attention(x, a, sh, k_cache, v_cache, layer, slots, positions, inv_freq, n_direct, h)
+    rmsnorm(x, ffn_norm, sh.eps, h)
+
+
+# -- embedding and output --------------------------------------------------------------------------
+
+
+@nb.njit(nogil=True, cache=True)
+def embed(tokens: np.ndarray, table: np.ndarray, gtype: int, out: np.ndarray) -> None:
+    for t in range(tokens.shape[0]):
+        dequantize_row(table[tokens[t]], gtype, out[t])
+
+
+class Embedding:
+    """The token embedding table (a view of the mmap), the final norm and the output matrix
+    (tied to the embedding when the file has no ``output.weight``)."""
+
+    def __init__(self, gguf: GGUFFile, n_embd: int, eps: float) -> None:
+        info = gguf.require_supported("token_embd.weight")
+        self.table, self.gtype = gguf.raw("token_embd.weight"), int(info.gtype)
+        self.n_embd, self.eps = n_embd, eps
+        self.output_norm = load_vector(gguf, "output_norm.weight")
+        has_output = "output.weight" in gguf.tensors
+        self.output = load_weight(gguf, "output.weight" if has_output else "token_embd.weight")
+
+    def embed(self, tokens: np.ndarray) -> np.ndarray:
+        x = np.empty((tokens.shape[0], self.n_embd), np.float32)
+        embed(tokens, self.table, self.gtype, x)
+        return x
+
+    def logits(self, x: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
+        """Final norm and output matmul of the rows asked for, on the direct path (one row per
+        sequence, whatever else is in the step)."""
+        h = np.empty((logit_rows.shape[0], self.n_embd), np.float32)
+        rmsnorm(np.ascontiguousarray(x[logit_rows]), self.output_norm, self.eps, h)
+        logits = np.empty((h.shape[0], self.output.n_rows), np.float32)
+        qmatmul(h, self.output, logits, h.shape[0])
+        return logits
