@@ -1,0 +1,214 @@
+"""The MoE architectures against transformers: tiny random checkpoints (tests/data/tiny_hf, made by
+tools/make_tiny_moe.py) converted with ``coli convert`` and run by our forward pass.
+
+- f32: every logit within 1e-3 of the reference transformers computed, the greedy continuation
+  exactly, through the Model API and through ``coli logits`` / ``coli run`` as a user runs them.
+- q8_0 and q4_0: top-1 agreement with the reference over the positions of prompt + continuation.
+- Batched routing: a decode row gives bitwise the same logits alone or in a step with other rows
+  (decode rows of other slots, and a prompt chunk).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri.convert import convert
+from colibri.model.generate import Sequence
+from colibri.model.kv_cache import KVCache
+from colibri.model.loader import Model
+
+DATA = Path(__file__).parent / "data" / "tiny_hf"
+MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe", "glm4moe"]
+ARCHS = ["llama", *MOE_ARCHS]  # the dense llama checkpoint checks the shared code against transformers
+GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe",
+             "glm4moe": "glm4moe"}
+MAX_ABS_DIFF = 1e-3
+MIN_TOP1_AGREEMENT = 0.90
+
+pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="tests/data/tiny_hf is missing")
+
+
+class Reference:
+    def __init__(self, arch: str) -> None:
+        ref = np.load(DATA / arch / "reference.npz")
+        self.prompt = [int(i) for i in ref["prompt_ids"]]
+        self.logits = ref["logits"]  # (len(prompt), vocab): every prompt position
+        self.greedy = [int(i) for i in ref["greedy_ids"]]
+        self.full_logits = ref["full_logits"]  # (len(prompt + greedy), vocab): one pass over both
+
+    @property
+    def sequence(self) -> list[int]:
+        return self.prompt + self.greedy
+
+
+@pytest.fixture(scope="module")
+def gguf_of(tmp_path_factory):
+    """``gguf_of(arch, type)``: the checkpoint converted to GGUF (once per module)."""
+    out_dir = tmp_path_factory.mktemp("tiny_gguf")
+    done: dict[tuple[str, str], Path] = {}
+
+    def get(arch: str, type_name: str) -> Path:
+        key = (arch, type_name)
+        if key not in done:
+            out = out_dir / f"{arch}-{type_name}.gguf"
+            convert(DATA / arch, out, type_name)
+            done[key] = out
+        return done[key]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def model_of(gguf_of):
+    models: dict[tuple[str, str], Model] = {}
+
+    def get(arch: str, type_name: str) -> Model:
+        key = (arch, type_name)
+        if key not in models:
+            models[key] = Model(gguf_of(arch, type_name))
+        return models[key]
+
+    return get
+
+
+def coli(*args: str) -> str:
+    cmd = [sys.executable, "-m", "colibri", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def ids_arg(ids: list[int]) -> str:
+    return ",".join(map(str, ids))
+
+
+def greedy(model: Model, prompt: list[int], n: int) -> list[int]:
+    """n greedy tokens: a prompt prefill, then one decode step per token (as ``coli run``)."""
+    seq = Sequence(model.net, 256, 512)
+    logits = seq.prefill(prompt)[-1]
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = seq.step(np.array([out[-1]]), False)[-1]
+    return out
+
+
+# -- f32: the numbers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_architecture_and_experts(arch, model_of):
+    model = model_of(arch, "f32")
+    assert model.hp.arch == GGUF_ARCH[arch]
+    if arch in MOE_ARCHS:
+        config = json.loads((DATA / arch / "config.json").read_text())
+        assert model.hp.n_expert_used == config["num_experts_per_tok"]
+        store = model.net.experts
+        assert store.n_experts == model.hp.n_expert > 0 and store.n_used == model.hp.n_expert_used
+        assert store.layers  # glm4moe's first layer is dense, the others have experts
+        w = store.get(store.layers[0], store.n_experts - 1)
+        assert w.gate_up.n_rows == 2 * (model.hp.n_ff_exp or model.hp.n_ff)
+        assert w.down.n_rows == model.hp.n_embd
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_f32_logits_match_transformers(arch, model_of):
+    """Every logit of one pass over prompt + continuation, in prompt chunks of 5 (so that later
+    chunks attend to cached keys), within MAX_ABS_DIFF of transformers'."""
+    ref = Reference(arch)
+    ours = Sequence(model_of(arch, "f32").net, 256, 5).prefill(ref.sequence, all_logits=True)
+    assert ours.shape == ref.full_logits.shape
+    diff = float(np.abs(ours - ref.full_logits).max())
+    assert diff <= MAX_ABS_DIFF, f"{arch}: max abs logit difference {diff:.2e}"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_f32_greedy_matches_transformers(arch, model_of):
+    ref = Reference(arch)
+    assert greedy(model_of(arch, "f32"), ref.prompt, len(ref.greedy)) == ref.greedy
+
+
+# -- f32 through the command line ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_cli_logits_and_run(arch, gguf_of):
+    """``coli logits --prompt-ids --top 0`` prints every logit of every prompt position (rounded
+    to 5 decimals) and ``coli run --prompt-ids --output ids`` the greedy continuation."""
+    ref = Reference(arch)
+    path = str(gguf_of(arch, "f32"))
+    lines = coli("logits", "--model", path, "--prompt-ids", ids_arg(ref.prompt), "--top", "0").splitlines()
+    assert len(lines) == len(ref.prompt)
+    for pos, line in enumerate(lines):
+        entry = json.loads(line)
+        assert entry["pos"] == pos
+        row = np.full(ref.logits.shape[1], np.nan, np.float32)
+        for token, value in entry["top"]:
+            row[token] = value
+        diff = float(np.abs(row - ref.logits[pos]).max())
+        assert diff <= MAX_ABS_DIFF, f"{arch}: position {pos}: max abs logit difference {diff:.2e}"
+    out = coli("run", "--model", path, "--prompt-ids", ids_arg(ref.prompt), "--output", "ids",
+               "--max-tokens", str(len(ref.greedy)))
+    assert [int(i) for i in out.strip().split(",")] == ref.greedy
+
+
+# -- quantized -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type_name", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_quantized_top1_agreement(arch, type_name, model_of):
+    ref = Reference(arch)
+    ours = Sequence(model_of(arch, type_name).net, 256, 512).prefill(ref.sequence, all_logits=True)
+    agreement = float(np.mean(ours.argmax(-1) == ref.full_logits.argmax(-1)))
+    assert agreement >= MIN_TOP1_AGREEMENT, f"{arch} {type_name}: top-1 agreement {agreement:.2f}"
+
+
+# -- batched routing is batch-invariant ------------------------------------------------------------
+
+
+def prefilled(model: Model, prompts: list[list[int]]) -> KVCache:
+    """A cache with prompt s prefilled in slot s, each alone."""
+    kv = KVCache(model.hp, len(prompts), 64)
+    for s, p in enumerate(prompts):
+        n = len(p)
+        model.net.forward(np.array(p, np.int64), np.full(n, s), np.arange(n), kv, np.array([n - 1]), 0)
+    return kv
+
+
+@pytest.mark.parametrize("type_name", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_decode_rows_bitwise_equal_alone_or_batched(arch, type_name, model_of):
+    """Five sequences decode one token each: in one step, in a step with another slot's prompt
+    chunk, and each alone. Every row's logits are the same bits in all three (the experts each row
+    routes to are applied to sub-batches whose make-up depends on the other rows)."""
+    model = model_of(arch, type_name)
+    rng = np.random.default_rng(5)
+    prompts = [[int(t) for t in rng.integers(3, model.hp.n_vocab, n)] for n in (5, 9, 3, 12, 7)]
+    tokens = rng.integers(3, model.hp.n_vocab, len(prompts)).astype(np.int64)
+    n = len(prompts)
+    positions = np.array([len(p) for p in prompts])
+
+    kv = prefilled(model, prompts)
+    alone = np.concatenate([
+        model.net.forward(tokens[s : s + 1], np.array([s]), positions[s : s + 1], kv, np.array([0]), 1)
+        for s in range(n)
+    ])
+    kv = prefilled(model, prompts)
+    batched = model.net.forward(tokens, np.arange(n), positions, kv, np.arange(n), n)
+    assert np.array_equal(batched, alone)
+
+    # The engine's mixed step: the decode rows first, then a prompt chunk of one more slot.
+    kv = prefilled(model, [*prompts, [1]])
+    chunk = rng.integers(3, model.hp.n_vocab, 6).astype(np.int64)
+    mixed = model.net.forward(
+        np.concatenate([tokens, chunk]), np.array([*range(n), *[n] * len(chunk)]),
+        np.concatenate([positions, np.arange(1, len(chunk) + 1)]), kv, np.arange(n), n,
+    )
+    assert np.array_equal(mixed, alone)
