@@ -16,7 +16,9 @@ lets BLAS (``np.dot`` inside numba) multiply: the expansion is paid once per til
 every activation row; the whole matrix is never expanded.
 
 numba widens integer arithmetic on small types to int64, which quarters the SIMD lanes; the kernels
-therefore split nibbles in float32 arithmetic (``_nibbles``) and convert bytes without arithmetic.
+therefore split nibbles in float32 arithmetic (``_nibbles``) and keep Q8_0's quants *biased* (stored
+as ``q + 128``, an unsigned byte, with the offset ``m = -128 d``): a byte converts to float32 in one
+vector instruction, where a signed one went through scalar code (~5x slower on the Q8_0 output head).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ MAX_CHUNKS = 32
 # Rows interleaved by packing: the SIMD lanes of the direct path. 32, not 16 (one AVX-512
 # vector): LLVM leaves the 16-trip lane loops scalar and vectorizes the 32-trip ones.
 GROUP = 32
+# LANES_AT_RUN_TIME: the Q8 lane loops take their trip count from an array shape, not from GROUP.
+# With a constant 32, LLVM fully unrolls their short bodies into scalar code before the vectorizer
+# sees them (the Q8_0 output head ran 4x slower); the Q4 bodies are long enough to stay loops.
 
 KIND_F32, KIND_Q4, KIND_Q8 = 0, 1, 2
 
@@ -61,7 +66,7 @@ class Weight(NamedTuple):
 
     kind: int
     n_rows: int
-    q: np.ndarray  # uint8 [G, nb, 16 (Q4) or 32 (Q8), GROUP]
+    q: np.ndarray  # uint8 [G, nb, 16 (Q4: two nibbles) or 32 (Q8: q + 128), GROUP]
     d: np.ndarray  # float32 [G, nb, GROUP]
     m: np.ndarray  # float32 [G, nb, GROUP]
     f: np.ndarray  # float32 [N, K], for the float formats
@@ -88,9 +93,11 @@ def _split_blocks(raw: np.ndarray, gtype: int) -> tuple[np.ndarray, np.ndarray, 
     d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
     if gtype == T_Q4_1:
         m = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    else:
-        m = -8.0 * d if gtype == T_Q4_0 else np.zeros_like(d)
-    return blocks[:, :, head:], d, m
+        return blocks[:, :, head:], d, m
+    if gtype == T_Q4_0:
+        return blocks[:, :, head:], d, -8.0 * d
+    # Q8_0: int8 -> uint8 by flipping the sign bit (q + 128), compensated by the offset
+    return blocks[:, :, head:] ^ np.uint8(0x80), d, -128.0 * d
 
 
 def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int) -> Weight:
@@ -166,6 +173,7 @@ def _direct_group(w: Weight, g: int, x: np.ndarray, xs: np.ndarray, lo: np.ndarr
     activation x[t, 32b + j]; the block's sum a[t, r] is then scaled once by d and offset by m.
     """
     t_rows, n_blocks = x.shape[0], w.q.shape[1]
+    lanes = w.q.shape[3]  # == GROUP, for the Q8 loops: see LANES_AT_RUN_TIME
     acc[:, :] = 0.0
     for b in range(n_blocks):
         a[:, :] = 0.0
@@ -186,21 +194,22 @@ def _direct_group(w: Weight, g: int, x: np.ndarray, xs: np.ndarray, lo: np.ndarr
                     at, xl, xh = a[t], x[t, b * 32 + j], x[t, b * 32 + 16 + j]
                     for r in range(GROUP):
                         at[r] = (at[r] + lo[r] * xl) + hi[r] * xh
-        elif t_rows == 1:
+        elif t_rows == 1:  # Q8: quants j and j + 16 paired, as Q4 pairs its nibbles
             a0 = a[0]
-            for j in range(32):
-                qj, xj = qb[j], x[0, b * 32 + j]
-                for r in range(GROUP):
-                    a0[r] += np.float32(np.int8(qj[r])) * xj
+            for j in range(16):
+                ql, qh, xl, xh = qb[j], qb[j + 16], x[0, b * 32 + j], x[0, b * 32 + 16 + j]
+                for r in range(lanes):
+                    a0[r] = (a0[r] + np.float32(ql[r]) * xl) + np.float32(qh[r]) * xh
         else:
-            for j in range(32):
-                qj = qb[j]
-                for r in range(GROUP):
-                    lo[r] = np.float32(np.int8(qj[r]))
+            for j in range(16):
+                ql, qh = qb[j], qb[j + 16]
+                for r in range(lanes):
+                    lo[r] = np.float32(ql[r])
+                    hi[r] = np.float32(qh[r])
                 for t in range(t_rows):
-                    at, xj = a[t], x[t, b * 32 + j]
-                    for r in range(GROUP):
-                        at[r] += lo[r] * xj
+                    at, xl, xh = a[t], x[t, b * 32 + j], x[t, b * 32 + 16 + j]
+                    for r in range(lanes):
+                        at[r] = (at[r] + lo[r] * xl) + hi[r] * xh
         d, m = w.d[g, b], w.m[g, b]
         for t in range(t_rows):
             at, acc_t, xsum = a[t], acc[t], xs[t, b]
@@ -249,8 +258,9 @@ def _tiled(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
                             tile_t[b * 32 + j, o + r] = w.d[g, b, r] * lo + w.m[g, b, r]
                             tile_t[b * 32 + 16 + j, o + r] = w.d[g, b, r] * hi + w.m[g, b, r]
                     else:
+                        d, m = w.d[g, b], w.m[g, b]
                         for r in range(GROUP):
-                            tile_t[b * 32 + j, o + r] = w.d[g, b, r] * np.float32(np.int8(w.q[g, b, j, r]))
+                            tile_t[b * 32 + j, o + r] = d[r] * np.float32(w.q[g, b, j, r]) + m[r]
         res = np.dot(x, tile_t)
         r0 = g0 * GROUP
         rows = min(w.n_rows, g1 * GROUP) - r0
