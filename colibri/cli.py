@@ -222,6 +222,15 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
     return serve(cfg)
 
 
+def cmd_convert(args: argparse.Namespace) -> int:
+    from colibri.convert.writer import convert, main_warn
+
+    s = convert(args.hf_dir, args.output, args.type, progress=sys.stderr, warn=main_warn)
+    types = ", ".join(f"{k} x{v}" for k, v in sorted(s.type_counts.items()))
+    print(f"{s.path}: {s.arch}, {s.n_tensors} tensors ({types}), {s.nbytes / 2**20:.1f} MiB of weights")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coli", description="colibri: LLM inference on ordinary machines")
     p.add_argument("--version", action="version", version=f"colibri {__version__}")
@@ -283,6 +292,16 @@ def build_parser() -> argparse.ArgumentParser:
                          help="allow a non-loopback bind without an API key")
         srv.add_argument("--no-persist", action="store_true", help="keep slots in memory only")
         srv.set_defaults(func=cmd_serve if name == "serve" else partial(cmd_serve, open_browser=True))
+
+    from colibri.convert import DEFAULT_TYPE, TYPE_NAMES  # constants only: gguf is imported on use
+
+    convert = sub.add_parser("convert", help="a Hugging Face checkpoint (safetensors) to GGUF")
+    convert.add_argument("hf_dir", metavar="HF_DIR", help="directory with config.json and *.safetensors")
+    convert.add_argument("-o", "--output", required=True, metavar="OUT.gguf")
+    convert.add_argument("--type", choices=TYPE_NAMES, default=DEFAULT_TYPE,
+                         help=f"block type of the matrices (norms, biases and routers stay f32; "
+                              f"default {DEFAULT_TYPE})")
+    convert.set_defaults(func=cmd_convert)
 
     info = sub.add_parser("info", help="architecture, sizes, block types")
     settings.add(info, settings.MODEL)

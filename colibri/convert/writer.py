@@ -1,0 +1,220 @@
+"""Streaming conversion: header, metadata and tensor directory first, then the data tensor by
+tensor, each in row chunks, so converting never holds more than a chunk of a model in memory.
+
+gguf-py's ``GGUFWriter`` writes the header, the metadata and the tensor directory from sizes
+alone; the data is written here, source rows converted to float32, permuted where the plan says,
+quantized with ``colibri.store.quant``'s reference quantizers and appended at the offsets the
+directory promised. A stacked expert tensor is written expert by expert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import gguf
+import numpy as np
+
+from colibri.convert import DEFAULT_TYPE, TYPE_NAMES
+from colibri.convert.architectures import ConvertError, Plan, TensorPlan, make_plan
+from colibri.convert.safetensors import Checkpoint
+from colibri.convert.vocab import load_vocab
+from colibri.store.quant import GGMLType, quantize, row_nbytes
+
+TYPES: dict[str, GGMLType] = {
+    "f32": GGMLType.F32,
+    "f16": GGMLType.F16,
+    "q8_0": GGMLType.Q8_0,
+    "q4_0": GGMLType.Q4_0,
+    "q4_1": GGMLType.Q4_1,
+}
+# general.file_type (llama.cpp's LlamaFileType) of a file whose matrices are of that type.
+assert tuple(TYPES) == TYPE_NAMES
+FILE_TYPES: dict[str, gguf.LlamaFileType] = {
+    "f32": gguf.LlamaFileType.ALL_F32,
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+    "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
+}
+QUANT_BLOCK = 32  # values per Q8_0/Q4_0/Q4_1 block: a quantized row must hold whole blocks
+# Float32 bytes of source rows converted at a time. The quantizers make a few temporaries of this
+# size, so a conversion's resident set stays within a small multiple of it, whatever the model.
+CHUNK_BYTES = 8 * 2**20
+PROGRESS_INTERVAL_S = 0.1  # redraw the progress bar at most this often
+PROGRESS_WIDTH = 30  # characters of bar
+PART_SUFFIX = ".part"  # the output is written beside its final name and renamed when complete
+
+
+def tensor_type(t: TensorPlan, requested: GGMLType) -> GGMLType:
+    """Vectors, norms and routers stay F32; a quantized type needs rows of whole blocks, else the
+    matrix falls back to F16 (as llama.cpp's converter does)."""
+    if not t.quantizable or len(t.shape) == 1:
+        return GGMLType.F32
+    if requested in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1) and t.shape[-1] % QUANT_BLOCK:
+        return GGMLType.F16
+    return requested
+
+
+def chunks(ckpt: Checkpoint, t: TensorPlan) -> Iterator[np.ndarray]:
+    """The tensor's values as float32 (rows, cols) chunks, in file order, expert by expert. The
+    source's pages are dropped from this process after every chunk (a view of them stays valid:
+    it faults them back in from the page cache), so a huge tensor is never resident whole."""
+    rows, cols = t.part_shape
+    step = max(1, CHUNK_BYTES // (4 * cols))
+    for src in t.sources:
+        first = src.rows[0] if src.rows else 0
+        order = src.row_order(rows)
+        for start in range(0, rows, step):
+            stop = min(rows, start + step)
+            if order is None:
+                yield ckpt.rows(src.name, first + start, first + stop, src.expert)
+            else:
+                yield ckpt.rows(src.name, start, stop, src.expert, order + first)
+            ckpt.release(src.name)
+
+
+class Progress:
+    """A one-line progress bar on a terminal: tensors and bytes written. Silent elsewhere."""
+
+    def __init__(self, n_tensors: int, n_bytes: int, stream: IO[str] | None) -> None:
+        self.n_tensors, self.n_bytes, self.stream = n_tensors, max(n_bytes, 1), stream
+        self.tensors = self.bytes = 0
+        self.last = 0.0
+
+    def advance(self, n_bytes: int, tensor_done: bool = False) -> None:
+        self.bytes += n_bytes
+        self.tensors += tensor_done
+        now = time.monotonic()
+        due = now - self.last >= PROGRESS_INTERVAL_S or self.tensors == self.n_tensors
+        if self.stream is not None and due:
+            self.last = now
+            frac = self.bytes / self.n_bytes
+            bar = "#" * int(frac * PROGRESS_WIDTH)
+            self.stream.write(f"\rconverting {frac:4.0%} [{bar:<{PROGRESS_WIDTH}}] "
+                              f"{self.tensors}/{self.n_tensors} tensors  "
+                              f"{self.bytes / 2**20:.1f}/{self.n_bytes / 2**20:.1f} MiB")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+@dataclass(frozen=True)
+class Summary:
+    path: Path
+    arch: str
+    n_tensors: int
+    nbytes: int
+    type_counts: dict[str, int]
+
+
+def read_config(hf_dir: Path) -> dict:
+    path = hf_dir / "config.json"
+    if not hf_dir.is_dir():
+        raise ConvertError(f"{hf_dir}: not a directory")
+    if not path.is_file():
+        raise ConvertError(f"{hf_dir}: no config.json (not a Hugging Face model directory)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConvertError(f"{path}: cannot read ({e})") from None
+    if not isinstance(config, dict):
+        raise ConvertError(f"{path}: not a JSON object")
+    return config
+
+
+def convert(
+    hf_dir: str | os.PathLike[str], out: str | os.PathLike[str], type_name: str = DEFAULT_TYPE, *,
+    progress: IO[str] | None = None, warn: Callable[[str], None] | None = None,
+) -> Summary:
+    """Convert the checkpoint in ``hf_dir`` to the GGUF file ``out``; matrices as ``type_name``.
+
+    ``progress``: a stream for the progress bar (drawn only if it is a terminal). ``warn``: called
+    with each warning line. Raises ColibriError (ConvertError, SafetensorsError) on a bad input;
+    ``out`` is then left untouched.
+    """
+    if type_name not in TYPES:
+        raise ConvertError(f"--type {type_name!r}: one of {', '.join(TYPES)}")
+    hf_dir, out = Path(hf_dir), Path(out)
+    if not out.parent.is_dir():  # before an hour of work, not after
+        raise ConvertError(f"{out}: cannot write: no directory {out.parent}")
+    config = read_config(hf_dir)
+    ckpt = Checkpoint(hf_dir)
+    try:
+        plan = make_plan(config, {n: e.shape for n, e in ckpt.entries.items()})
+        vocab = load_vocab(hf_dir, config, plan.n_vocab)
+        if vocab.warning and warn is not None:
+            warn(vocab.warning)
+        tmp = out.with_name(out.name + PART_SUFFIX)
+        try:
+            summary = _write(ckpt, plan, vocab, tmp, TYPES[type_name], type_name, config, hf_dir,
+                             progress if progress is not None and progress.isatty() else None)
+            os.replace(tmp, out)
+        except OSError as e:
+            raise ConvertError(f"{out}: cannot write: {e.strerror or e}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+    finally:
+        ckpt.close()
+    return Summary(out, summary.arch, summary.n_tensors, summary.nbytes, summary.type_counts)
+
+
+def _write(ckpt: Checkpoint, plan: Plan, vocab, path: Path, requested: GGMLType, type_name: str,
+           config: dict, hf_dir: Path, stream: IO[str] | None) -> Summary:
+    w = gguf.GGUFWriter(path, plan.arch)
+    try:
+        w.add_name(str(config.get("_name_or_path") or hf_dir.resolve().name))
+        w.add_file_type(FILE_TYPES[type_name])
+        for key, value, vtype in plan.metadata:
+            w.add_key_value(key, value, vtype)
+        vocab.write(w)
+        types: list[GGMLType] = []
+        for t in plan.tensors:
+            gtype = tensor_type(t, requested)
+            byte_shape = (*t.shape[:-1], row_nbytes(gtype, t.shape[-1]))
+            nbytes = int(np.prod(byte_shape))
+            w.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), nbytes,
+                              raw_dtype=gguf.GGMLQuantizationType(int(gtype)))
+            types.append(gtype)
+        total = sum(ti.nbytes for ti in w.tensors[0].values())
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        assert w.fout is not None and len(w.fout) == 1
+        fout = w.fout[0]
+        bar = Progress(len(plan.tensors), total, stream)
+        try:
+            for t, gtype in zip(plan.tensors, types, strict=True):
+                w.write_padding(fout, fout.tell())
+                written = 0
+                for chunk in chunks(ckpt, t):
+                    data = quantize(chunk, gtype)
+                    fout.write(memoryview(data))
+                    written += data.nbytes
+                    bar.advance(data.nbytes)
+                expected = w.tensors[0][t.name].nbytes
+                if written != expected:  # the plan's shapes were checked; this is a bug
+                    raise AssertionError(f"{t.name}: wrote {written} bytes, expected {expected}")
+                w.write_padding(fout, fout.tell())
+                bar.advance(0, tensor_done=True)
+        finally:
+            bar.close()
+    finally:
+        w.close()
+    counts: dict[str, int] = {}
+    for g in types:
+        counts[g.name] = counts.get(g.name, 0) + 1
+    return Summary(path, plan.arch, len(plan.tensors), total, counts)
+
+
+def main_warn(line: str) -> None:
+    print(f"coli: warning: {line}", file=sys.stderr)
