@@ -283,6 +283,19 @@ def test_cli_output_and_placeholder_warning(capsys, tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.part"))
 
 
+def test_other_tokenizers(capsys, tmp_path: Path) -> None:
+    """A tokenizer convert does not write gets the placeholder with a warning; a broken one stops."""
+    d = copy_tiny("mixtral", tmp_path)
+    tok = json.loads((d / "tokenizer.json").read_text())
+    tok["model"]["type"] = "WordPiece"
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    rc, _, err = coli_convert(capsys, d, tmp_path / "w.gguf")
+    assert rc == 0 and "not a byte-level BPE" in err and len(err.splitlines()) == 1
+    assert GGUFFile(tmp_path / "w.gguf").get("tokenizer.ggml.model") == "none"
+    (d / "tokenizer.json").write_text("{")
+    assert_one_error(capsys, d, tmp_path / "x.gguf", "tokenizer.json")
+
+
 def test_progress_bar_on_a_terminal() -> None:
     from colibri.convert.writer import Progress
 
@@ -340,6 +353,51 @@ def test_fused_expert_layout(capsys, tmp_path: Path) -> None:
         assert set(a.tensors) == set(b.tensors)
         for name in a.tensors:
             np.testing.assert_array_equal(values(a, name), values(b, name), err_msg=name)
+
+
+def test_llama_biases_are_permuted_like_their_rows(capsys, tmp_path: Path) -> None:
+    d = copy_tiny("llama", tmp_path)
+    edit_config(d, attention_bias=True)
+    hf = read_checkpoint(d)
+    rng = np.random.default_rng(0)
+    for x, n in (("q", 64), ("k", 32), ("v", 32)):
+        hf[f"model.layers.0.self_attn.{x}_proj.bias"] = rng.standard_normal(n).astype(np.float32)
+        hf[f"model.layers.1.self_attn.{x}_proj.bias"] = rng.standard_normal(n).astype(np.float32)
+    write_safetensors(d / "model.safetensors", hf)
+    assert coli_convert(capsys, d, tmp_path / "b.gguf", "--type", "q8_0")[0] == 0
+    g = GGUFFile(tmp_path / "b.gguf")
+    for x, heads in (("q", 4), ("k", 2)):
+        bias = hf[f"model.layers.0.self_attn.{x}_proj.bias"]
+        permuted = bias[llama_rope_rows(len(bias), heads)]
+        np.testing.assert_array_equal(values(g, f"blk.0.attn_{x}.bias"), permuted)
+    np.testing.assert_array_equal(values(g, "blk.0.attn_v.bias"), hf["model.layers.0.self_attn.v_proj.bias"])
+
+
+def test_glm4moe_nextn_layer(capsys, tmp_path: Path) -> None:
+    """A GLM-4.5 multi-token-prediction layer is converted as llama.cpp expects it: counted in
+    block_count and nextn_predict_layers, its own tensors under blk.N.nextn.*; llama.cpp loads the
+    file and, skipping that layer, computes the same logits."""
+    d = copy_tiny("glm4moe", tmp_path)
+    hf = read_checkpoint(d)
+    hf |= {k.replace("layers.2.", "layers.3."): v for k, v in hf.items() if k.startswith("model.layers.2.")}
+    hf["model.layers.3.eh_proj.weight"] = np.ones((64, 128), np.float32)
+    for n in ("enorm", "hnorm", "shared_head.norm"):
+        hf[f"model.layers.3.{n}.weight"] = np.ones(64, np.float32)
+    write_safetensors(d / "model.safetensors", hf)
+    edit_config(d, num_nextn_predict_layers=1)
+    out = tmp_path / "n.gguf"
+    assert coli_convert(capsys, d, out, "--type", "f32")[0] == 0
+    g = GGUFFile(out)
+    assert (g.get("glm4moe.block_count"), g.get("glm4moe.nextn_predict_layers")) == (4, 1)
+    assert g.tensors["blk.3.nextn.eh_proj.weight"].shape == (128, 64)
+    assert {"blk.3.nextn.enorm.weight", "blk.3.nextn.hnorm.weight", "blk.3.nextn.shared_head_norm.weight",
+            "blk.3.ffn_up_exps.weight"} <= set(g.tensors)
+    llama_cpp = pytest.importorskip("llama_cpp")
+    ref = np.load(TINY / "glm4moe" / "reference.npz")
+    llm = llama_cpp.Llama(str(out), n_ctx=256, logits_all=True, verbose=False,
+                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    llm.eval(ref["prompt_ids"].tolist())
+    assert np.abs(np.array(llm.scores[: len(ref["prompt_ids"])]) - ref["logits"]).max() <= LOGIT_TOLERANCE
 
 
 # --- errors: one line, exit 1, nothing written -----------------------------------------------------

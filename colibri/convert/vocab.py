@@ -137,6 +137,13 @@ def _chat_template(hf_dir: Path, tok_config: dict[str, Any]) -> str | None:
 
 def load_vocab(hf_dir: Path, config: dict[str, Any], n_vocab: int) -> Vocab:
     """The vocabulary for a model of ``n_vocab`` embedding rows, from ``hf_dir``."""
+    try:
+        return _load_vocab(hf_dir, config, n_vocab)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ConvertError(f"{hf_dir / TOKENIZER_JSON}: malformed tokenizer ({e!r})") from None
+
+
+def _load_vocab(hf_dir: Path, config: dict[str, Any], n_vocab: int) -> Vocab:
     path = hf_dir / TOKENIZER_JSON
     if not path.is_file():
         return placeholder(n_vocab, f"{hf_dir} has no {TOKENIZER_JSON}", config)

@@ -66,6 +66,13 @@ def chunks(ckpt: Checkpoint, t: TensorPlan) -> Iterator[np.ndarray]:
     """The tensor's values as float32 (rows, cols) chunks, in file order, expert by expert. The
     source's pages are dropped from this process after every chunk (a view of them stays valid:
     it faults them back in from the page cache), so a huge tensor is never resident whole."""
+    if len(t.shape) == 1:  # a vector: one row, permuted element-wise (a llama q/k bias)
+        (src,) = t.sources
+        order = src.row_order(t.shape[0])
+        row = ckpt.rows(src.name, 0, 1, src.expert).reshape(1, -1)
+        yield row if order is None else row[:, order]
+        ckpt.release(src.name)
+        return
     rows, cols = t.part_shape
     step = max(1, CHUNK_BYTES // (4 * cols))
     for src in t.sources:
