@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from colibri.convert import convert
+from colibri.convert.writer import convert
 from colibri.model.generate import Sequence
 from colibri.model.kv_cache import KVCache
 from colibri.model.loader import Model
