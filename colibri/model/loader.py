@@ -26,7 +26,8 @@ class Model:
     """A loaded model. The tokenizer and template are built on first use: ``--prompt-ids`` runs
     need neither, and test models may carry no vocabulary."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, ram_budget: int | None = None) -> None:
+        """``ram_budget``: bytes the expert store's resident copies may take (None: no limit)."""
         self.gguf = GGUFFile(path)
         self.hp = HParams.from_gguf(self.gguf)
         arch = ARCHITECTURES.get(self.hp.arch)
@@ -36,6 +37,9 @@ class Model:
                 f"(supported: {', '.join(sorted(ARCHITECTURES))})"
             )
         self.net = arch(self.gguf, self.hp)
+        experts = getattr(self.net, "experts", None)
+        if experts is not None:
+            experts.set_budget(ram_budget)
 
     @cached_property
     def tokenizer(self) -> GGUFTokenizer:

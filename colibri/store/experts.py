@@ -1,30 +1,50 @@
-"""The expert store: routed experts by (layer, expert), packed for the kernels.
+"""The expert store: routed experts by (layer, expert), in two tiers, under a RAM budget.
 
 An expert is a slice of the 3-D expert tensors of its layer: ``blk.N.ffn_{gate,up}_exps.weight``
 are [n_expert, n_ff_exp, n_embd] (in GGUF's row-major view: ``n_expert * n_ff_exp`` rows of
 ``n_embd``), so expert e is rows ``e*n_ff_exp .. (e+1)*n_ff_exp``; ``ffn_down_exps`` is
-[n_expert, n_embd, n_ff_exp], expert e being rows ``e*n_embd .. (e+1)*n_embd``. ``get`` packs an
-expert's gate and up rows into one matrix (``gate_up``, like a dense layer's) and its down rows
-into another, with ``make_weight``.
+[n_expert, n_embd, n_ff_exp], expert e being rows ``e*n_embd .. (e+1)*n_embd``.
 
-The interface is what the forward pass relies on; the internals are this first version's: every
-expert is packed on first use and kept resident in a dict. Tiers (a RAM budget, disk through the
-mmap), heat, pinning, prefetch and telemetry replace the internals later, not the interface:
+Tiers (``docs/store.md``):
 
-- ``get(layer, expert)`` returns the expert's weights, always bit-identical whatever tier held it.
-- ``note_routing(layer, expert_ids)`` is called by the forward pass once per MoE layer per step,
-  before that layer's ``get`` calls, with the distinct experts the step's rows route to (ascending).
-  It does nothing yet; it is where heat and prefetch will hook in.
+- **disk**: the expert's bytes in the file, through the mmap (and so the page cache). Using it
+  means packing the raw rows into the kernels' layout, a transient copy dropped after the step.
+- **RAM**: a resident packed copy. The copies never exceed the budget (``--ram-budget``): a share
+  of it holds the experts that were hottest in earlier runs (*pinned* at start from the heat in
+  ``.coli_usage``), the rest the most recently used others (*recent*, least recently used out).
+
+Both tiers give the same bits (packing is deterministic), so the budget changes speed, never the
+tokens. Heat is a decayed count of routings per expert; the forward pass reports each step's
+routing (``note_routing``) and, one layer ahead, the experts it expects (``prefetch``), which the
+store asks the kernel to read in (``MADV_WILLNEED``) while the current layer computes.
 """
 
 from __future__ import annotations
 
+import math
+import mmap
+import time
+from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
 
 from colibri.model.kernels.quant_matmul import Weight, make_weight
 from colibri.store.gguf import GGUFError, GGUFFile
+
+TIER_DISK, TIER_RAM = 0, 1  # EMAP's 2-bit tier codes (2 would be VRAM: no GPU here)
+# Heat halves every this many forward steps: long enough that a conversation's topic shows, short
+# enough that last week's workload does not pin experts forever.
+HEAT_HALF_LIFE_STEPS = 1024
+HEAT_DECAY = 0.5 ** (1.0 / HEAT_HALF_LIFE_STEPS)
+# Share of the budget given to the experts pinned at start; the rest (and whatever the pinned set
+# leaves unused) holds recently used experts, so a new workload still finds room.
+PIN_SHARE = 0.75
+# EMAP's 6-bit heat: quarter-octave buckets of log2(1 + heat), so the whole decayed range (up to
+# ~1/(1-HEAT_DECAY) ≈ 1478) stays distinguishable below the cap.
+HEAT_BUCKETS_PER_OCTAVE = 4
+HEAT_BUCKET_MAX = 63
+_PAGE = mmap.PAGESIZE
 
 
 class ExpertWeights(NamedTuple):
@@ -34,19 +54,34 @@ class ExpertWeights(NamedTuple):
     down: Weight  # n_embd rows of n_ff_exp
 
 
+class StoreCounters(NamedTuple):
+    """Cumulative since the store opened; callers take differences over the span they report."""
+
+    hits: int  # get() served by a resident copy
+    misses: int  # get() that packed from the file
+    missed_bytes: int  # file bytes those misses read
+    t_disk: float  # seconds packing misses (page faults included)
+
+
+def weight_nbytes(w: Weight) -> int:
+    return w.q.nbytes + w.d.nbytes + w.m.nbytes + w.f.nbytes
+
+
 class ExpertStore:
     """Every MoE layer's routed experts, addressed by (layer, expert).
 
     ``n_experts``: experts per MoE layer; ``n_used``: experts per token (top-k); ``layers``: the
-    layers that have routed experts (a glm4moe model's first layers are dense)."""
+    layers that have routed experts (a glm4moe model's first layers are dense). ``ram_budget`` in
+    bytes, None for no limit (every expert used stays resident)."""
 
-    def __init__(self, gguf: GGUFFile, hp) -> None:
+    def __init__(self, gguf: GGUFFile, hp, ram_budget: int | None = None) -> None:
         self.gguf = gguf
         self.n_experts: int = hp.n_expert
         self.n_used: int = hp.n_expert_used
         self.layers: tuple[int, ...] = tuple(
             i for i in range(hp.n_layers) if f"blk.{i}.ffn_down_exps.weight" in gguf.tensors
         )
+        self._row_of = {layer: i for i, layer in enumerate(self.layers)}
         self._tensors: dict[int, tuple[str, str, str]] = {}
         for i in self.layers:
             names = tuple(f"blk.{i}.ffn_{p}_exps.weight" for p in ("gate", "up", "down"))
@@ -58,19 +93,154 @@ class ExpertStore:
                         f"expected 3 dimensions with {self.n_experts} experts"
                     )
             self._tensors[i] = names
-        self._resident: dict[tuple[int, int], ExpertWeights] = {}
+        self.budget = ram_budget
+        self.prefetch_enabled = True  # off: no read-ahead (the benchmark's plain-mmap baseline)
+        self.heat = np.zeros((len(self.layers), self.n_experts), np.float32)
+        self._hits_map = np.zeros((len(self.layers), self.n_experts), np.bool_)
+        self._pinned: dict[tuple[int, int], ExpertWeights] = {}
+        self._recent: OrderedDict[tuple[int, int], ExpertWeights] = OrderedDict()
+        self._pinned_bytes = self._recent_bytes = 0
+        self._hits = self._misses = self._missed_bytes = 0
+        self._t_disk = 0.0
+        self.expert_nbytes = self._measure_packed() if self.layers else 0
+        self.expert_file_bytes = (
+            sum(self._slice_bytes(name) for name in self._tensors[self.layers[0]]) if self.layers else 0
+        )
+
+    # -- the forward pass's interface --------------------------------------------------------------
 
     def get(self, layer: int, expert: int) -> ExpertWeights:
-        """Expert ``expert`` of layer ``layer``, packed for ``qmatmul``."""
+        """Expert ``expert`` of layer ``layer``, packed for ``qmatmul``: the resident copy, or one
+        packed from the file now (kept if the budget has room for it)."""
         key = (layer, expert)
-        weights = self._resident.get(key)
+        weights = self._pinned.get(key)
         if weights is None:
-            weights = self._resident[key] = self._pack(layer, expert)
+            weights = self._recent.get(key)
+            if weights is not None:
+                self._recent.move_to_end(key)
+        if weights is not None:
+            self._hits += 1
+            return weights
+        start = time.perf_counter()
+        weights = self._pack(layer, expert)
+        self._t_disk += time.perf_counter() - start
+        self._misses += 1
+        self._missed_bytes += self.expert_file_bytes
+        self._keep_recent(key, weights)
         return weights
 
     def note_routing(self, layer: int, expert_ids: np.ndarray) -> None:
-        """The distinct experts (ascending int64) this step routes to in ``layer``; a hook for the
-        heat counts and prefetch of later versions."""
+        """The distinct experts (ascending int64) this step routes to in ``layer``: heat and HITS."""
+        row = self._row_of[layer]
+        self.heat[row] *= np.float32(HEAT_DECAY)
+        self.heat[row, expert_ids] += np.float32(1.0)
+        self._hits_map[row, expert_ids] = True
+
+    def prefetch(self, layer: int, expert_ids: np.ndarray) -> None:
+        """Experts ``layer`` is expected to route to soon: ask the kernel to start reading the file
+        pages of those not resident, so the read overlaps the compute in between."""
+        if not self.prefetch_enabled:
+            return
+        for e in expert_ids.tolist():
+            key = (layer, e)
+            if key in self._pinned or key in self._recent:
+                continue
+            for name in self._tensors[layer]:
+                start, length = self._slice_span(name, e)
+                self.gguf.advise_willneed(start, length)
+
+    # -- tiers -------------------------------------------------------------------------------------
+
+    def set_budget(self, ram_budget: int | None) -> None:
+        """Bytes the resident copies may take (None: no limit); recent copies over it are dropped."""
+        self.budget = ram_budget
+        self._trim_recent()
+
+    def pin_hottest(self, heat: np.ndarray | None) -> int:
+        """Load ``heat`` (from ``.coli_usage``; None keeps the current one) and make the hottest
+        experts resident, up to PIN_SHARE of the budget (no limit: every expert with heat). Returns
+        how many were pinned."""
+        if heat is not None:
+            self.heat[...] = heat
+        self._pinned.clear()
+        self._pinned_bytes = 0
+        if not self.layers:
+            return 0
+        room = None if self.budget is None else int(self.budget * PIN_SHARE)
+        order = np.argsort(-self.heat, axis=None, kind="stable")
+        for flat in order.tolist():
+            row, e = divmod(flat, self.n_experts)
+            if self.heat[row, e] <= 0.0:
+                break
+            if room is not None and self._pinned_bytes + self.expert_nbytes > room:
+                break
+            key = (self.layers[row], e)
+            weights = self._recent.pop(key, None)
+            if weights is None:
+                weights = self._pack(*key)
+            else:
+                self._recent_bytes -= self.expert_nbytes
+            self._pinned[key] = weights
+            self._pinned_bytes += self.expert_nbytes
+        self._trim_recent()
+        return len(self._pinned)
+
+    def tier(self, layer: int, expert: int) -> int:
+        key = (layer, expert)
+        return TIER_RAM if key in self._pinned or key in self._recent else TIER_DISK
+
+    def tier_counts(self) -> tuple[int, int, int]:
+        """(ram experts, disk experts, resident bytes)."""
+        ram = len(self._pinned) + len(self._recent)
+        return ram, len(self.layers) * self.n_experts - ram, self._pinned_bytes + self._recent_bytes
+
+    def counters(self) -> StoreCounters:
+        return StoreCounters(self._hits, self._misses, self._missed_bytes, self._t_disk)
+
+    # -- telemetry maps ----------------------------------------------------------------------------
+
+    def expert_map(self) -> bytes:
+        """EMAP's bytes: row-major over (MoE layer, expert), ``(tier << 6) | heat bucket``."""
+        buckets = np.minimum(
+            np.floor(np.log2(1.0 + self.heat.astype(np.float64)) * HEAT_BUCKETS_PER_OCTAVE),
+            HEAT_BUCKET_MAX,
+        ).astype(np.uint8)
+        tiers = np.zeros_like(buckets)
+        for layer, e in (*self._pinned, *self._recent):
+            tiers[self._row_of[layer], e] = TIER_RAM
+        return ((tiers << 6) | buckets).tobytes()
+
+    def take_hits(self) -> bytes:
+        """HITS' bits since the previous call: row-major, bit i of the map is bit ``i % 8`` (least
+        significant first) of byte ``i // 8``."""
+        bits = np.packbits(self._hits_map.reshape(-1), bitorder="little").tobytes()
+        self._hits_map[...] = False
+        return bits
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(rows, cols) of EMAP and HITS: MoE layers × experts."""
+        return len(self.layers), self.n_experts
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _keep_recent(self, key: tuple[int, int], weights: ExpertWeights) -> None:
+        if self.budget is not None and self._pinned_bytes + self.expert_nbytes > self.budget:
+            return  # no room beside the pinned set: the copy stays transient
+        self._recent[key] = weights
+        self._recent_bytes += self.expert_nbytes
+        self._trim_recent()
+
+    def _trim_recent(self) -> None:
+        if self.budget is None:
+            return
+        while self._recent and self._pinned_bytes + self._recent_bytes > self.budget:
+            self._recent.popitem(last=False)
+            self._recent_bytes -= self.expert_nbytes
+
+    def _measure_packed(self) -> int:
+        w = self._pack(self.layers[0], 0)
+        return weight_nbytes(w.gate_up) + weight_nbytes(w.down)
 
     def _pack(self, layer: int, expert: int) -> ExpertWeights:
         if not 0 <= expert < self.n_experts or layer not in self._tensors:
@@ -87,3 +257,19 @@ class ExpertStore:
         info = self.gguf.tensors[name]
         rows = info.shape[1]
         return self.gguf.raw(name)[expert * rows : (expert + 1) * rows], int(info.gtype)
+
+    def _slice_bytes(self, name: str) -> int:
+        info = self.gguf.tensors[name]
+        return info.nbytes // self.n_experts
+
+    def _slice_span(self, name: str, expert: int) -> tuple[int, int]:
+        """(file offset, length) of one expert's rows of a 3-D tensor."""
+        size = self._slice_bytes(name)
+        return self.gguf.tensors[name].offset + expert * size, size
+
+
+def budget_bytes(gb: float | None) -> int | None:
+    """``--ram-budget`` GB (None or negative: no limit) in bytes."""
+    if gb is None or gb < 0 or math.isinf(gb):
+        return None
+    return int(gb * (1 << 30))

@@ -1,0 +1,189 @@
+"""The expert store against plain mmap, on a synthetic MoE several times larger than the budget.
+
+    python bench/bench_moe.py [--gguf PATH] [--budget-gb 0.5] [--tokens 24] [--runs 3]
+
+The model is tools/make_synthetic_moe.py's (default: 24 layers x 64 experts of 1024x1024 Q4_0,
+top-4, ~2.6 GiB of experts; written once to ~/.cache/colibri/bench/). Each run starts with the
+file's pages dropped from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``) and decodes
+``--tokens`` greedy tokens from the same prompt, one stream, in two ways:
+
+- **store**: a RAM budget of ``--budget-gb``; the hottest experts of a warm-up generation (its heat,
+  as ``.coli_usage`` would carry it) pinned at start, the rest of the budget for recent experts,
+  the next layer's experts read ahead (``MADV_WILLNEED``) while the current one computes.
+- **mmap**: no resident copies and no read-ahead: every expert use packs from the mmap (the page
+  cache is all the caching there is), the way a plain mmap engine reads its experts.
+
+Printed per way (medians over ``--runs``): tokens per second, the store's hit rate, file bytes of
+missed experts per token, and the bound ``1 / (resident_bytes / RAM_bw + missed_bytes / disk_bw)``
+per token, with both bandwidths measured here first: disk as random expert-sized reads from the
+cold file, RAM as a sum over a 512 MiB array. Pinning at start is timed apart (start-up, not
+decode). Both ways must give the same tokens; the script checks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from colibri.model.generate import Sequence
+from colibri.model.loader import Model
+from colibri.model.sampling import Sampler, SamplingParams
+from colibri.store.experts import budget_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_GGUF = Path.home() / ".cache" / "colibri" / "bench" / "synthetic-moe.gguf"
+PROMPT = [11, 523, 97, 1800, 7, 2999, 64, 310, 42, 1234, 5, 77]
+WARMUP_PROMPT = [900, 13, 2048, 8, 377, 61, 1500, 4000, 21, 6]
+DISK_PROBES = 256  # random expert-slice reads for the disk bandwidth
+RAM_PROBE_BYTES = 512 << 20
+
+
+def load_tool():
+    tool = ROOT / "tools" / "make_synthetic_moe.py"
+    spec = importlib.util.spec_from_file_location("make_synthetic_moe", tool)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def drop_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def disk_bandwidth(path: Path, model: Model) -> float:
+    """Bytes/s of random expert-slice reads from the cold file."""
+    store = model.net.experts
+    rng = np.random.default_rng(0)
+    spans = []
+    for _ in range(DISK_PROBES):
+        layer = store.layers[int(rng.integers(len(store.layers)))]
+        name = store._tensors[layer][int(rng.integers(3))]
+        spans.append(store._slice_span(name, int(rng.integers(store.n_experts))))
+    drop_cache(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        start = time.perf_counter()
+        total = sum(len(os.pread(fd, length, offset)) for offset, length in spans)
+        elapsed = time.perf_counter() - start
+    finally:
+        os.close(fd)
+    drop_cache(path)
+    return total / elapsed
+
+
+def ram_bandwidth() -> float:
+    a = np.ones(RAM_PROBE_BYTES // 4, np.float32)
+    a.sum()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - start)
+    return a.nbytes / best
+
+
+def dense_bytes_per_token(model: Model) -> int:
+    """File bytes every token reads besides the routed experts (attention, norms, routers, head)."""
+    return sum(info.nbytes for name, info in model.gguf.tensors.items()
+               if "_exps." not in name and name != "token_embd.weight")
+
+
+def decode(model: Model, tokens: int) -> tuple[list[int], float]:
+    seq = Sequence(model.net, len(PROMPT) + tokens + 8, 64)
+    sampler = Sampler(SamplingParams(temperature=0.0))
+    out: list[int] = []
+    logits = seq.prefill(PROMPT)[-1]
+    start = time.perf_counter()
+    for _ in range(tokens):
+        token = sampler(logits, out)
+        out.append(token)
+        logits = seq.step(np.array([token]), False)[-1]
+    return out, time.perf_counter() - start
+
+
+def run_way(path: Path, way: str, budget: int | None, heat: np.ndarray | None, tokens: int) -> dict:
+    model = Model(path, ram_budget=budget)
+    store = model.net.experts
+    store.prefetch_enabled = way == "store"
+    drop_cache(path)
+    t0 = time.perf_counter()
+    pinned = store.pin_hottest(heat) if way == "store" else 0
+    t_pin = time.perf_counter() - t0
+    c0 = store.counters()
+    ids, elapsed = decode(model, tokens)
+    c1 = store.counters()
+    hits, misses = c1.hits - c0.hits, c1.misses - c0.misses
+    steps = tokens + 1  # the prompt's forward step is in the counters too
+    return dict(
+        ids=ids, tok_s=tokens / elapsed, hit=100.0 * hits / max(hits + misses, 1), pinned=pinned,
+        t_pin=t_pin, missed_per_tok=(c1.missed_bytes - c0.missed_bytes) / steps,
+        resident_per_tok=hits * store.expert_nbytes / steps + dense_bytes_per_token(model),
+        ram_gb=store.tier_counts()[2] / (1 << 30),
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
+    ap.add_argument("--budget-gb", type=float, default=0.5)
+    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    if not args.gguf.exists():
+        args.gguf.parent.mkdir(parents=True, exist_ok=True)
+        print(f"writing {args.gguf} ...", flush=True)
+        load_tool().write_synthetic_moe(args.gguf)
+    budget = budget_bytes(args.budget_gb)
+
+    probe = Model(args.gguf, ram_budget=None)
+    store = probe.net.experts
+    expert_gb = len(store.layers) * store.n_experts * store.expert_file_bytes / (1 << 30)
+    disk_bw, ram_bw = disk_bandwidth(args.gguf, probe), ram_bandwidth()
+    print(f"model {args.gguf.name}: {len(store.layers)} MoE layers x {store.n_experts} experts, "
+          f"top-{store.n_used}, experts {expert_gb:.2f} GiB, budget {args.budget_gb:.2f} GiB "
+          f"({expert_gb / max(args.budget_gb, 1e-9):.1f}x smaller)")
+    print(f"measured: disk {disk_bw / 1e9:.2f} GB/s (random expert reads, cold), RAM {ram_bw / 1e9:.1f} GB/s")
+
+    warm = Sequence(probe.net, len(WARMUP_PROMPT) + args.tokens + 8, 64)
+    sampler, out = Sampler(SamplingParams(temperature=0.0)), []
+    logits = warm.prefill(WARMUP_PROMPT)[-1]
+    for _ in range(args.tokens):  # the warm-up's routing heat stands in for .coli_usage
+        out.append(sampler(logits, out))
+        logits = warm.step(np.array([out[-1]]), False)[-1]
+    heat = store.heat.copy()
+    del probe, warm
+
+    results: dict[str, list[dict]] = {"store": [], "mmap": []}
+    for _ in range(args.runs):
+        for way in ("mmap", "store"):
+            results[way].append(run_way(args.gguf, way, budget if way == "store" else 0, heat, args.tokens))
+    if results["store"][0]["ids"] != results["mmap"][0]["ids"]:
+        raise SystemExit("the two ways generated different tokens")
+
+    print(f"{args.tokens} greedy tokens, one stream, cold page cache each run, median of {args.runs}")
+    print(f"{'way':>6}{'tok/s':>8}{'hit %':>7}{'miss MB/tok':>12}{'res MB/tok':>11}{'bound tok/s':>12}"
+          f"{'of bound':>9}{'RAM GB':>8}{'pin s':>7}")
+    summary = {}
+    for way, runs in results.items():
+        def med(key: str, runs=runs) -> float:
+            return statistics.median(r[key] for r in runs)
+        bound = 1.0 / (med("resident_per_tok") / ram_bw + med("missed_per_tok") / disk_bw)
+        summary[way] = med("tok_s")
+        print(f"{way:>6}{med('tok_s'):8.2f}{med('hit'):7.1f}{med('missed_per_tok') / 1e6:12.1f}"
+              f"{med('resident_per_tok') / 1e6:11.1f}{bound:12.2f}{med('tok_s') / bound:9.2f}"
+              f"{med('ram_gb'):8.2f}{med('t_pin'):7.2f}")
+    print(f"store / mmap: {summary['store'] / summary['mmap']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

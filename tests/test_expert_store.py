@@ -1,0 +1,125 @@
+"""The expert store's tiers on a real (synthetic) MoE file: a budget changes residency, never bits.
+
+The model is ``tools/make_synthetic_moe.py``'s mixtral-style file at a small size: random Q4_0
+experts, skewed routing. Greedy generation through the real forward pass must give the same ids
+with a budget of 0 (every expert packed from the file at every use), a small one (pinned + recent)
+and no limit (everything used stays resident), while the tiers and counters show the difference.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri.model.generate import Sequence
+from colibri.model.loader import Model
+from colibri.model.sampling import Sampler, SamplingParams
+from colibri.store.experts import HEAT_BUCKET_MAX, PIN_SHARE, TIER_DISK, TIER_RAM, ExpertStore
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("make_synthetic_moe", ROOT / "tools" / "make_synthetic_moe.py")
+make_synthetic_moe = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_synthetic_moe)
+
+N_LAYERS, N_EXPERTS, N_USED = 3, 16, 2
+PROMPT = [5, 17, 99, 250, 3, 42, 7, 300]
+N_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def moe_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("moe") / "synthetic.gguf"
+    return make_synthetic_moe.write_synthetic_moe(
+        path, n_layers=N_LAYERS, n_experts=N_EXPERTS, n_used=N_USED, n_embd=128, n_ff=128, n_vocab=512,
+    )
+
+
+def greedy(model: Model) -> list[int]:
+    seq = Sequence(model.net, 64, 16)
+    sampler = Sampler(SamplingParams(temperature=0.0))
+    return list(seq.generate(PROMPT, sampler, N_TOKENS, frozenset()))
+
+
+def open_with_budget(path: Path, budget: int | None) -> Model:
+    return Model(path, ram_budget=budget)
+
+
+def test_budget_changes_residency_never_tokens(moe_path: Path):
+    unlimited = open_with_budget(moe_path, None)
+    reference = greedy(unlimited)
+    assert len(reference) == N_TOKENS
+    store = unlimited.net.experts
+    ram, disk, resident = store.tier_counts()
+    assert ram > 0 and ram + disk == N_LAYERS * N_EXPERTS
+    assert resident == ram * store.expert_nbytes
+    first = store.counters()
+    assert first.misses == ram  # each expert packed once, then served resident
+    greedy(unlimited)
+    again = store.counters()
+    assert again.misses == first.misses and again.hits > first.hits
+
+    zero = open_with_budget(moe_path, 0)
+    assert greedy(zero) == reference
+    z = zero.net.experts
+    assert z.tier_counts() == (0, N_LAYERS * N_EXPERTS, 0)
+    c = z.counters()
+    assert c.hits == 0 and c.misses > 0 and c.missed_bytes == c.misses * z.expert_file_bytes
+
+    small_budget = 3 * z.expert_nbytes
+    small = open_with_budget(moe_path, small_budget)
+    assert greedy(small) == reference
+    ram, _, resident = small.net.experts.tier_counts()
+    assert 0 < ram <= 3 and resident <= small_budget
+
+
+def test_heat_pins_the_hottest_within_the_budget(moe_path: Path):
+    model = open_with_budget(moe_path, None)
+    greedy(model)
+    heat = model.net.experts.heat.copy()
+    assert heat.shape == (N_LAYERS, N_EXPERTS)
+    # every step routes each MoE layer to between 1 and N_USED * rows experts
+    assert (heat.sum(axis=1) > 0).all()
+
+    budget = 8 * model.net.experts.expert_nbytes
+    fresh = open_with_budget(moe_path, budget)
+    store: ExpertStore = fresh.net.experts
+    pinned = store.pin_hottest(heat)
+    assert pinned == int(budget * PIN_SHARE) // store.expert_nbytes
+    hottest = np.argsort(-heat, axis=None, kind="stable")[:pinned]
+    for flat in hottest.tolist():
+        row, e = divmod(flat, N_EXPERTS)
+        assert store.tier(store.layers[row], e) == TIER_RAM
+    emap = np.frombuffer(store.expert_map(), np.uint8).reshape(N_LAYERS, N_EXPERTS)
+    assert ((emap >> 6) == TIER_RAM).sum() == pinned
+    assert ((emap >> 6) == TIER_DISK).sum() == N_LAYERS * N_EXPERTS - pinned
+    assert (emap & 63).max() <= HEAT_BUCKET_MAX
+    assert ((emap & 63) > 0).sum() == (heat > 0).sum()  # every used expert shows some heat
+
+    # a different heat pins different experts
+    flipped = heat.max() - heat + 1.0
+    store.pin_hottest(flipped)
+    coldest = np.argsort(-flipped, axis=None, kind="stable")[:pinned]
+    assert {store.tier(store.layers[f // N_EXPERTS], f % N_EXPERTS) for f in coldest.tolist()} == {TIER_RAM}
+
+
+def test_hits_bitmap_reports_routed_experts_once(moe_path: Path):
+    model = open_with_budget(moe_path, 0)
+    store = model.net.experts
+    greedy(model)
+    bits = np.unpackbits(np.frombuffer(store.take_hits(), np.uint8), bitorder="little")
+    routed = bits[: N_LAYERS * N_EXPERTS].reshape(N_LAYERS, N_EXPERTS).astype(bool)
+    assert (routed == (store.heat > 0)).all()
+    assert not np.unpackbits(np.frombuffer(store.take_hits(), np.uint8)).any()  # consumed
+
+
+def test_prefetch_skips_resident_and_reads_ahead(moe_path: Path):
+    model = open_with_budget(moe_path, None)
+    store = model.net.experts
+    store.prefetch(store.layers[0], np.arange(N_EXPERTS))  # nothing resident yet: only advice
+    assert store.tier_counts()[0] == 0
+    greedy(model)
+    store.prefetch(store.layers[-1], np.arange(N_EXPERTS))
+    assert store.counters().misses == store.tier_counts()[0]
