@@ -22,6 +22,7 @@ from colibri.convert.writer import convert
 from colibri.model.generate import Sequence
 from colibri.model.kv_cache import KVCache
 from colibri.model.loader import Model
+from colibri.model.moe import GATING_SIGMOID, GATING_SOFTMAX, Routing, by_expert, route
 
 DATA = Path(__file__).parent / "data" / "tiny_hf"
 MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe", "glm4moe"]
@@ -31,7 +32,7 @@ GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2moe": "qwen2moe", "qwen
 MAX_ABS_DIFF = 1e-3
 MIN_TOP1_AGREEMENT = 0.90
 
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason="tests/data/tiny_hf is missing")
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="tests/data/tiny_hf is missing")
 
 
 class Reference:
@@ -102,6 +103,7 @@ def greedy(model: Model, prompt: list[int], n: int) -> list[int]:
 # -- f32: the numbers ------------------------------------------------------------------------------
 
 
+@needs_data
 @pytest.mark.parametrize("arch", ARCHS)
 def test_architecture_and_experts(arch, model_of):
     model = model_of(arch, "f32")
@@ -117,6 +119,7 @@ def test_architecture_and_experts(arch, model_of):
         assert w.down.n_rows == model.hp.n_embd
 
 
+@needs_data
 @pytest.mark.parametrize("arch", ARCHS)
 def test_f32_logits_match_transformers(arch, model_of):
     """Every logit of one pass over prompt + continuation, in prompt chunks of 5 (so that later
@@ -128,6 +131,7 @@ def test_f32_logits_match_transformers(arch, model_of):
     assert diff <= MAX_ABS_DIFF, f"{arch}: max abs logit difference {diff:.2e}"
 
 
+@needs_data
 @pytest.mark.parametrize("arch", ARCHS)
 def test_f32_greedy_matches_transformers(arch, model_of):
     ref = Reference(arch)
@@ -137,6 +141,7 @@ def test_f32_greedy_matches_transformers(arch, model_of):
 # -- f32 through the command line ------------------------------------------------------------------
 
 
+@needs_data
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_cli_logits_and_run(arch, gguf_of):
     """``coli logits --prompt-ids --top 0`` prints every logit of every prompt position (rounded
@@ -161,6 +166,7 @@ def test_cli_logits_and_run(arch, gguf_of):
 # -- quantized -------------------------------------------------------------------------------------
 
 
+@needs_data
 @pytest.mark.parametrize("type_name", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_quantized_top1_agreement(arch, type_name, model_of):
@@ -182,6 +188,7 @@ def prefilled(model: Model, prompts: list[list[int]]) -> KVCache:
     return kv
 
 
+@needs_data
 @pytest.mark.parametrize("type_name", ["q8_0", "q4_0"])
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_decode_rows_bitwise_equal_alone_or_batched(arch, type_name, model_of):
@@ -212,3 +219,58 @@ def test_decode_rows_bitwise_equal_alone_or_batched(arch, type_name, model_of):
         np.concatenate([positions, np.arange(1, len(chunk) + 1)]), kv, np.arange(n), n,
     )
     assert np.array_equal(mixed, alone)
+
+
+# -- routing rules against a plain numpy reference -------------------------------------------------
+
+
+def reference_route(logits: np.ndarray, bias: np.ndarray, rule: Routing) -> tuple[np.ndarray, np.ndarray]:
+    """transformers' routing in float64: softmax or sigmoid scores; selection by score + bias,
+    within the best groups (a group's score: the sum of its two best); weights from the scores."""
+    if rule.gating == GATING_SOFTMAX:
+        p = np.exp(logits - logits.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+    else:
+        p = 1.0 / (1.0 + np.exp(-logits))
+    select = p + bias if bias.size else p.copy()
+    if rule.n_group > 1:
+        groups = select.reshape(len(select), rule.n_group, -1)
+        group_score = np.sort(groups, -1)[..., -2:].sum(-1)
+        kept = np.argsort(-group_score, -1, kind="stable")[:, : rule.topk_group]
+        mask = np.zeros(group_score.shape, bool)
+        np.put_along_axis(mask, kept, True, -1)
+        select = np.where(np.repeat(mask, groups.shape[-1], -1), select, -np.inf)
+    ids = np.argsort(-select, -1, kind="stable")[:, : rule.k]
+    w = np.take_along_axis(p, ids, -1)
+    if rule.norm:
+        w = w / w.sum(-1, keepdims=True)
+    if rule.scale not in (0.0, 1.0):
+        w = w * rule.scale
+    return ids, w
+
+
+@pytest.mark.parametrize("rule", [
+    Routing(GATING_SOFTMAX, 2, True, 0.0, 0, 0),  # mixtral, qwen3moe
+    Routing(GATING_SOFTMAX, 4, False, 0.0, 0, 0),  # qwen2moe
+    Routing(GATING_SIGMOID, 4, True, 2.5, 4, 2),  # glm4moe with groups
+    Routing(GATING_SIGMOID, 3, True, 1.0, 1, 1),  # glm4moe without
+], ids=["softmax-norm", "softmax", "sigmoid-grouped", "sigmoid"])
+def test_route_matches_reference(rule):
+    rng = np.random.default_rng(1)
+    n_expert, rows = 16, 64
+    logits = (rng.standard_normal((rows, n_expert)) * 3).astype(np.float32)
+    bias = (rng.standard_normal(n_expert) * 0.1).astype(np.float32) if rule.gating == GATING_SIGMOID \
+        else np.zeros(0, np.float32)
+    ids = np.empty((rows, rule.k), np.int64)
+    weights = np.empty((rows, rule.k), np.float32)
+    route(logits, bias, rule, ids, weights)
+    ref_ids, ref_w = reference_route(logits.astype(np.float64), bias.astype(np.float64), rule)
+    assert np.array_equal(ids, ref_ids)
+    np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-6)
+
+    experts, starts, rows_of, ranks = by_expert(ids, n_expert)
+    assert list(experts) == sorted(set(ids.ravel().tolist()))
+    for i, e in enumerate(experts):
+        pairs = list(zip(rows_of[starts[i] : starts[i + 1]], ranks[starts[i] : starts[i + 1]], strict=True))
+        assert pairs == sorted(pairs) and all(ids[t, r] == e for t, r in pairs)
+    assert starts[-1] == ids.size
