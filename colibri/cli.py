@@ -32,7 +32,7 @@ def _ids(text: str) -> list[int]:
 def _load(args: argparse.Namespace):
     from colibri.model.loader import Model  # imported here: numba is slow to import
 
-    return Model(settings.model_path(args))
+    return Model(settings.model_path(args), ram_budget=settings.ram_budget(args))
 
 
 def _check_ids(model, ids: list[int]) -> None:
@@ -175,6 +175,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
         model_path=settings.model_path(args), n_slots=n_slots, n_ctx=ctx,
         state_dir=None if args.no_persist else settings.state_dir(args), prefill_chunk=chunk,
         protocol=settings.protocol(args), topk=settings.flag_env("SERVE_TOPK"), max_tokens=args.max_tokens,
+        ram_budget=settings.ram_budget(args),
     )
     return serve(cfg)
 
@@ -183,7 +184,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from colibri.terminal_chat import chat
 
     engine_args = ["--protocol", "legacy", "--max-tokens", str(args.max_tokens)]
-    for flag, value in (("--model", args.model), ("--state-dir", args.state_dir), ("--ctx", args.ctx)):
+    for flag, value in (("--model", args.model), ("--state-dir", args.state_dir), ("--ctx", args.ctx),
+                        ("--ram-budget", args.ram_budget)):
         if value is not None:
             engine_args += [flag, str(value)]
     return chat(engine_args)
@@ -215,7 +217,7 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
         api_key=settings.resolve(args, settings.API_KEY) or None, kv_slots=n_slots,
         ctx=settings.resolve(args, settings.ENGINE_CTX), max_queue=max_queue, queue_timeout=timeout,
         cors_origins=tuple(origins), state_dir=None if args.no_persist else settings.state_dir(args),
-        insecure=args.insecure,
+        insecure=args.insecure, ram_budget_gb=args.ram_budget,
         web_dist=Path(web) if web else Path(__file__).resolve().parent.parent / "web" / "dist",
         open_browser=open_browser,
     )
@@ -237,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="generate a completion, streamed to stdout")
-    settings.add(run, settings.MODEL, settings.CTX, settings.PREFILL_CHUNK)
+    settings.add(run, settings.MODEL, settings.CTX, settings.PREFILL_CHUNK, settings.RAM_BUDGET)
     run.add_argument("prompt", nargs="?", metavar="PROMPT")
     run.add_argument("--system", help="system message for the chat template")
     run.add_argument("--raw", action="store_true", help="pass PROMPT as-is, without the chat template")
@@ -253,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     logits = sub.add_parser("logits", help="top logits at every prompt position, as JSON lines")
-    settings.add(logits, settings.MODEL, settings.CTX, settings.PREFILL_CHUNK)
+    settings.add(logits, settings.MODEL, settings.CTX, settings.PREFILL_CHUNK, settings.RAM_BUDGET)
     src = logits.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt-ids", metavar="IDS")
     src.add_argument("--raw", metavar="TEXT")
@@ -268,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     engine = sub.add_parser("engine", help="the engine process: serve_protocol.md on stdin/stdout")
     settings.add(engine, settings.MODEL, settings.KV_SLOTS, settings.ENGINE_CTX, settings.STATE_DIR,
-                 settings.PREFILL_STEP)
+                 settings.PREFILL_STEP, settings.RAM_BUDGET)
     engine.add_argument("--protocol", choices=("mux", "legacy"),
                         help="default: mux (SERVE_BATCH=1); legacy with SERVE=1 alone")
     engine.add_argument("--no-persist", action="store_true", help="keep slots in memory only")
@@ -276,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.set_defaults(func=cmd_engine)
 
     chat = sub.add_parser("chat", help="chat in the terminal (/reset, /more, Ctrl-C stops an answer)")
-    settings.add(chat, settings.MODEL, settings.ENGINE_CTX, settings.STATE_DIR)
+    settings.add(chat, settings.MODEL, settings.ENGINE_CTX, settings.STATE_DIR, settings.RAM_BUDGET)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.set_defaults(func=cmd_chat)
 
@@ -285,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
         srv = sub.add_parser(name, help=helptext)
         settings.add(srv, settings.MODEL, settings.HOST, settings.PORT, settings.MODEL_ID, settings.API_KEY,
                      settings.SERVE_SLOTS, settings.MAX_QUEUE, settings.QUEUE_TIMEOUT, settings.ENGINE_CTX,
-                     settings.STATE_DIR, settings.WEB_DIST)
+                     settings.STATE_DIR, settings.WEB_DIST, settings.RAM_BUDGET)
         srv.add_argument("--cors-origin", action="append", metavar="ORIGIN",
                          help="also allow this browser origin (repeatable; '*' for any) [COLI_CORS_ORIGINS]")
         srv.add_argument("--insecure", action="store_true",

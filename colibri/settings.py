@@ -59,6 +59,15 @@ MAX_QUEUE = Setting("max_queue", "--max-queue", "COLI_MAX_QUEUE", 8, int,
                     "requests that may wait for a slot; more get 429")
 QUEUE_TIMEOUT = Setting("queue_timeout", "--queue-timeout", "COLI_QUEUE_TIMEOUT", 300.0, float,
                         "seconds a request may wait for a slot before 429")
+RAM_BUDGET = Setting("ram_budget", "--ram-budget", "COLI_RAM_GB", None, float,
+                     "GB of RAM for resident expert copies on MoE models (0: every expert read from the "
+                     "file at each use; inf: no limit; default: half the RAM available at start)")
+# Default budget: half of what is free at start leaves the rest to the page cache (which also
+# serves experts) and to the KV cache, the OS and other programs.
+DEFAULT_RAM_SHARE = 0.5
+GIB = 1 << 30
+
+
 WEB_DIST = Setting("web_dist", "--web-dist", "COLI_WEB_DIST", None, str,
                    "the built web console to serve at / (default: web/dist beside the package)")
 
@@ -102,6 +111,27 @@ def state_dir(args: argparse.Namespace) -> Path:
         return Path(given)
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "colibri"
+
+
+def ram_budget(args: argparse.Namespace) -> int | None:
+    """--ram-budget / COLI_RAM_GB in bytes; None for no limit."""
+    gb = resolve(args, RAM_BUDGET)
+    if gb is None:
+        return int(DEFAULT_RAM_SHARE * _available_ram())
+    if gb != gb or gb < 0:
+        raise ColibriError(f"--ram-budget/COLI_RAM_GB must be a number of GB >= 0 (or inf), got {gb}")
+    return None if gb == float("inf") else int(gb * GIB)
+
+
+def _available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def default_model_path() -> Path:

@@ -48,6 +48,7 @@ class ServeConfig:
     insecure: bool
     web_dist: Path | None
     open_browser: bool = False
+    ram_budget_gb: float | None = None  # --ram-budget for the engine; None: its own default
 
 
 class ConcurrencyLimit:
@@ -117,6 +118,8 @@ def serve(cfg: ServeConfig) -> int:
 async def _main(cfg: ServeConfig, render, count_tokens, n_ctx: int) -> int:
     engine_args = ["--model", str(cfg.model_path), "--kv-slots", str(cfg.kv_slots), "--ctx", str(n_ctx)]
     engine_args += ["--state-dir", str(cfg.state_dir)] if cfg.state_dir else ["--no-persist"]
+    if cfg.ram_budget_gb is not None:  # else the engine resolves COLI_RAM_GB or its default itself
+        engine_args += ["--ram-budget", str(cfg.ram_budget_gb)]
     env = {**os.environ, "SERVE_TOPK": "1", "SERVE_BATCH": "1"}
     engine = EngineClient(engine_args, env)
     state = ServerState(

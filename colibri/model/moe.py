@@ -245,6 +245,17 @@ class MoEFFN:
         self.layer, self.router, self.bias, self.rule, self.store = layer, router, bias, rule, store
         self.shared = shared
         self.shared_gate = shared_gate if shared_gate is not None else np.zeros(0, np.float32)
+        store.register_predictor(layer, self.predict)
+
+    def predict(self, h: np.ndarray) -> np.ndarray:
+        """The distinct experts this layer would route the rows of ``h`` to: applied to the
+        previous layer's input, a guess good enough to read the experts ahead."""
+        logits = np.empty((h.shape[0], self.router.shape[0]), np.float32)
+        router_logits(h, self.router, logits)
+        ids = np.empty((h.shape[0], self.rule.k), np.int64)
+        weights = np.empty((h.shape[0], self.rule.k), np.float32)
+        route(logits, self.bias, self.rule, ids, weights)
+        return np.unique(ids)
 
     def __call__(self, h: np.ndarray, n_direct: int) -> np.ndarray:
         """The FFN output for every row of ``h`` (the normed hidden state)."""
@@ -256,6 +267,7 @@ class MoEFFN:
         route(logits, self.bias, self.rule, ids, weights)
         experts, starts, rows, ranks = by_expert(ids, self.router.shape[0])
         self.store.note_routing(self.layer, experts)
+        self.store.prefetch_next(self.layer, h)  # the next MoE layer's likely experts, read ahead
         expert_out = np.empty((t_rows, k, h.shape[1]), np.float32)
         for i, e in enumerate(experts.tolist()):
             a, b = starts[i], starts[i + 1]

@@ -41,9 +41,11 @@ from colibri.io.events import (
 from colibri.model.kv_cache import KVCache
 from colibri.model.sampling import Sampler, SamplingParams
 from colibri.sched import persist, telemetry
+from colibri.store.experts import ExpertStore, StoreCounters
 
 MAX_SLOTS = 16  # the protocol's limit: slot fields and KV_SLOTS are 1..16
 TOPK_CANDIDATES = 5  # TOPK lines carry five candidates (serve_protocol.md)
+HITS_EVERY_TOKENS = 6  # the spec's "~every 6 tokens": a live routing picture without flooding the pipe
 
 
 @dataclass(eq=False)
@@ -73,6 +75,7 @@ class Request:
     t_start: float = field(default_factory=time.perf_counter)
     t_first: float = 0.0
     t_prefill: float = 0.0
+    store_at_start: StoreCounters | None = None  # the expert store's counters when admitted
 
 
 @dataclass
@@ -107,6 +110,8 @@ class Engine:
         self.model_fp = persist.model_fingerprint(model.gguf)
         hp = model.hp
         self.layout_fp = persist.layout_fingerprint(hp.n_layers, hp.n_kv_heads, hp.head_dim)
+        store = getattr(self.net, "experts", None)
+        self.experts: ExpertStore | None = store if store is not None and store.layers else None
 
     # ------------------------------------------------------------------ state
 
@@ -122,6 +127,9 @@ class Engine:
                 self.kv.k[slot.index], self.kv.v[slot.index], self.n_ctx, self.model.hp.n_vocab,
             )
             slot.history = tokens or []
+        if self.experts is not None:
+            heat = persist.load_usage(self.state_dir, self.model_fp, self.experts.heat.shape)
+            self.experts.pin_hottest(heat)
 
     async def persist_slot(self, slot: Slot) -> None:
         """Write the slot's file. A failure (disk full, permissions) is a warning: the previous
@@ -142,10 +150,10 @@ class Engine:
         if self.state_dir is None:
             return
         async with self._usage_lock:
+            async with self.step_lock:  # a snapshot between steps: the forward pass updates the heat
+                heat = self.experts.heat.copy() if self.experts else np.zeros(0, np.float32)
             try:
-                await trio.to_thread.run_sync(
-                    persist.save_usage, self.state_dir, np.zeros(0, np.float32), self.model_fp
-                )
+                await trio.to_thread.run_sync(persist.save_usage, self.state_dir, heat, self.model_fp)
             except OSError as e:
                 warn(f"routing heat not persisted: {e}")
 
@@ -226,6 +234,8 @@ class Engine:
         del history[req.reused :]
         req.prompt, req.todo = prompt, prompt[req.reused :]
         req.admitted = True
+        if self.experts is not None:
+            req.store_at_start = self.experts.counters()
         if req.submit.max_tokens == 0:
             req.finished.set()
             return True
@@ -247,16 +257,34 @@ class Engine:
         now = time.perf_counter()
         gen_s = now - req.t_first if req.t_first else 0.0
         tok_s = (req.emitted - 1) / gen_s if req.emitted > 1 and gen_s > 0 else 0.0
+        hit_pct, t_edisk = 0.0, 0.0
+        if self.experts is not None and req.store_at_start is not None:
+            # the store serves every slot at once: a turn's figures are the store's over its span
+            c0, c1 = req.store_at_start, self.experts.counters()
+            uses = (c1.hits - c0.hits) + (c1.misses - c0.misses)
+            hit_pct = 100.0 * (c1.hits - c0.hits) / uses if uses else 0.0
+            t_edisk = c1.t_disk - c0.t_disk
         await req.emit(telemetry.hwinfo())
-        await req.emit(Perf(req.id, now - req.t_start, t_kvb=req.t_prefill,
+        await req.emit(Perf(req.id, now - req.t_start, t_edisk=t_edisk, t_kvb=req.t_prefill,
                              reused_tokens=req.reused, prefilled_tokens=len(req.prompt) - req.reused))
         await req.emit(Entropy())
         await req.emit(Gpus())
-        await req.emit(Tiers(0, 0, 0, 0.0, 0.0))
-        await req.emit(ExpertMap(0, 0, b""))
-        await req.emit(Hits(0, 0, b""))
-        await req.emit(Done(req.id, req.emitted, tok_s, 0.0, telemetry.rss_gb(), len(req.prompt),
+        for event in self.expert_telemetry(hits=True):
+            await req.emit(event)
+        await req.emit(Done(req.id, req.emitted, tok_s, hit_pct, telemetry.rss_gb(), len(req.prompt),
                              req.length_limited))
+
+    def expert_telemetry(self, hits: bool) -> list[object]:
+        """TIERS, EMAP and (with ``hits``) HITS, from the expert store; zeros on a dense model."""
+        if self.experts is None:
+            return [Tiers(0, 0, 0, 0.0, 0.0), ExpertMap(0, 0, b"")] + ([Hits(0, 0, b"")] if hits else [])
+        ram, disk, ram_bytes = self.experts.tier_counts()
+        rows, cols = self.experts.shape
+        events: list[object] = [Tiers(0, ram, disk, 0.0, ram_bytes / telemetry.GB),
+                                ExpertMap(rows, cols, self.experts.expert_map())]
+        if hits:
+            events.append(Hits(rows, cols, self.experts.take_hits()))
+        return events
 
     # ------------------------------------------------------------------ the step loop
 
@@ -340,6 +368,9 @@ class Engine:
             await req.emit(Data(req.id, text))
         if topk is not None:
             await req.emit(TopK(req.id, topk))
+        if self.experts is not None and req.emitted % HITS_EVERY_TOKENS == 0:
+            rows, cols = self.experts.shape
+            await req.emit(Hits(rows, cols, self.experts.take_hits()))
         if req.emitted >= req.submit.max_tokens or len(req.slot.history) >= self.n_ctx:
             return self._end(req, limited=True)
         req.todo = [token]

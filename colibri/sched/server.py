@@ -25,12 +25,10 @@ from colibri.io.events import (
     EndOfInput,
     Error,
     ErrorCode,
-    ExpertMap,
     ProtocolError,
     Ready,
     Stat,
     Submit,
-    Tiers,
 )
 from colibri.model.sampling import SamplingParams
 from colibri.sched import telemetry
@@ -52,12 +50,13 @@ class EngineConfig:
     protocol: str  # "mux" | "legacy"
     topk: bool
     max_tokens: int = 512  # legacy: answer length when the client gives none
+    ram_budget: int | None = None  # bytes of resident expert copies (MoE); None: no limit
 
 
 def serve(cfg: EngineConfig) -> int:
     from colibri.model.loader import Model
 
-    model = Model(cfg.model_path)
+    model = Model(cfg.model_path, ram_budget=cfg.ram_budget)
     n_ctx = min(cfg.n_ctx, model.hp.context_length)
     return trio.run(_main, cfg, model, n_ctx)
 
@@ -79,7 +78,7 @@ async def _main(cfg: EngineConfig, model, n_ctx: int) -> int:
         outer.start_soon(_writer, out_recv, stdout)
         if cfg.protocol == "mux":
             for event in (Ready(), Stat(telemetry.rss_gb()), telemetry.hwinfo(),
-                          Tiers(0, 0, 0, 0.0, 0.0), ExpertMap(0, 0, b"")):
+                          *engine.expert_telemetry(hits=False)):
                 await emit(event)
         async with trio.open_nursery() as work:
             work.start_soon(engine.run)

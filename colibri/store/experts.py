@@ -25,6 +25,7 @@ import math
 import mmap
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -100,6 +101,7 @@ class ExpertStore:
         self._pinned: dict[tuple[int, int], ExpertWeights] = {}
         self._recent: OrderedDict[tuple[int, int], ExpertWeights] = OrderedDict()
         self._pinned_bytes = self._recent_bytes = 0
+        self._predictors: dict[int, Callable[[np.ndarray], np.ndarray]] = {}
         self._hits = self._misses = self._missed_bytes = 0
         self._t_disk = 0.0
         self.expert_nbytes = self._measure_packed() if self.layers else 0
@@ -135,6 +137,20 @@ class ExpertStore:
         self.heat[row] *= np.float32(HEAT_DECAY)
         self.heat[row, expert_ids] += np.float32(1.0)
         self._hits_map[row, expert_ids] = True
+
+    def register_predictor(self, layer: int, predict: Callable[[np.ndarray], np.ndarray]) -> None:
+        """``predict(h)``: the experts ``layer`` would route hidden rows ``h`` to (its router)."""
+        self._predictors[layer] = predict
+
+    def prefetch_next(self, layer: int, h: np.ndarray) -> None:
+        """Read ahead the experts the MoE layer after ``layer`` is likely to use, guessed by applying
+        its router to ``h`` (this layer's input) while this layer computes. Without a budget every
+        expert used stays resident, and there is nothing to read ahead after the first use."""
+        if not self.prefetch_enabled or self.budget is None:
+            return
+        i = self._row_of[layer] + 1
+        if i < len(self.layers) and (predict := self._predictors.get(self.layers[i])) is not None:
+            self.prefetch(self.layers[i], predict(h))
 
     def prefetch(self, layer: int, expert_ids: np.ndarray) -> None:
         """Experts ``layer`` is expected to route to soon: ask the kernel to start reading the file

@@ -276,7 +276,10 @@ def qmatmul(x: np.ndarray, w: Weight, out: np.ndarray, n_direct: int) -> None:
     alone or batched with fifteen others.
     """
     if w.kind == KIND_F32:
-        out[:, :] = np.dot(x, w.f.T)
+        for t in range(n_direct):  # one BLAS call per decode row: its rounding ignores the batch
+            out[t] = np.dot(w.f, x[t])
+        if n_direct < x.shape[0]:
+            out[n_direct:] = np.dot(x[n_direct:], w.f.T)
         return
     if n_direct > 0:
         _direct(x[:n_direct], w, out[:n_direct])

@@ -1,0 +1,134 @@
+"""The real ``coli engine`` on a MoE model: the expert store's tiers through the protocol.
+
+The model is the tiny transformers Mixtral of tests/data/tiny_hf (it has a tokenizer), converted
+with ``coli convert``. Shown here: greedy output with ``--ram-budget 0`` equals the output with no
+limit, batched too; TIERS, EMAP and HITS describe the store's real tiers and routing; ``.coli_usage``
+survives a restart and decides which experts are pinned at the next start.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+from engine_harness import EngineProcess, engine_args
+
+from colibri.convert.writer import convert
+from colibri.io.events import Done, ExpertMap, Hits, Tiers
+from colibri.model.loader import Model
+from colibri.sched import persist
+from colibri.store.experts import PIN_SHARE, TIER_DISK, TIER_RAM
+
+HF_DIR = Path(__file__).parent / "data" / "tiny_hf" / "mixtral"
+N_LAYERS, N_EXPERTS = 2, 8
+PROMPTS = ["<s>user: hello there</s>\n<s>assistant: ", "<s>user: the cat sat on</s>\n<s>assistant: "]
+MAX_TOKENS = 20  # several HITS lines (one every 6 tokens)
+
+
+@pytest.fixture(scope="module")
+def moe_gguf(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("moe") / "tiny-mixtral-q8_0.gguf"
+    convert(HF_DIR, out, "q8_0")
+    return out
+
+
+@pytest.fixture(scope="module")
+def expert_nbytes(moe_gguf: Path) -> int:
+    return Model(moe_gguf, ram_budget=None).net.experts.expert_nbytes
+
+
+def tiers_of(events: list) -> tuple[Tiers, ExpertMap]:
+    tiers = [e for e in events if isinstance(e, Tiers)][-1]
+    emap = [e for e in events if isinstance(e, ExpertMap)][-1]
+    return tiers, emap
+
+
+def emap_array(emap: ExpertMap) -> np.ndarray:
+    assert (emap.rows, emap.cols) == (N_LAYERS, N_EXPERTS)
+    return np.frombuffer(emap.data, np.uint8).reshape(emap.rows, emap.cols)
+
+
+async def generate_both(nursery, gguf: Path, budget: str) -> tuple[list[bytes], list]:
+    """Both prompts at once (one batched decode), in two slots; their texts and events."""
+    engine = await EngineProcess.start(
+        nursery, "--model", str(gguf), "--ram-budget", budget, *engine_args(None, slots=2))
+    for i, prompt in enumerate(PROMPTS):
+        await engine.submit(i + 1, prompt, slot=i, max_tokens=MAX_TOKENS)
+    outs = [await engine.result(i + 1) for i in range(len(PROMPTS))]
+    assert await engine.close() == 0
+    for out in outs:
+        assert isinstance(out.final, Done), out.final
+    return [o.text for o in outs], [e for o in outs for e in o.events] + engine.unsolicited
+
+
+async def test_budget_zero_equals_unlimited_and_telemetry_shows_the_tiers(nursery, moe_gguf: Path):
+    texts_inf, events_inf = await generate_both(nursery, moe_gguf, "inf")
+    texts_zero, events_zero = await generate_both(nursery, moe_gguf, "0")
+    assert texts_zero == texts_inf
+    assert all(texts_inf)
+
+    tiers, emap = tiers_of(events_zero)
+    assert (tiers.ram_experts, tiers.disk_experts, tiers.ram_gb) == (0, N_LAYERS * N_EXPERTS, 0.0)
+    assert ((emap_array(emap) >> 6) == TIER_DISK).all()
+    done = [e for e in events_zero if isinstance(e, Done)]
+    assert all(d.hit_pct == 0.0 for d in done)  # nothing resident: every use is a miss
+
+    tiers, emap = tiers_of(events_inf)
+    grid = emap_array(emap)
+    assert tiers.ram_experts == ((grid >> 6) == TIER_RAM).sum() > 0
+    assert tiers.ram_experts + tiers.disk_experts == N_LAYERS * N_EXPERTS
+    # (ram_gb has two decimals on the wire: a tiny model's kilobytes show as 0.00)
+    assert ((grid & 63) > 0).sum() == tiers.ram_experts  # without a limit, every used expert stays
+    assert any(d.hit_pct > 50.0 for d in events_inf if isinstance(d, Done))
+
+    hits = [e for e in events_inf if isinstance(e, Hits) and e.rows]
+    assert len(hits) >= 2 * (MAX_TOKENS // 6)
+    for h in hits:
+        bits = np.unpackbits(np.frombuffer(h.data, np.uint8), bitorder="little")[: N_LAYERS * N_EXPERTS]
+        routed = bits.reshape(N_LAYERS, N_EXPERTS)
+        assert routed.any(axis=1).all()  # every MoE layer routed somewhere
+        assert not (routed.astype(bool) & ((grid & 63) == 0)).any()  # only experts with heat
+
+
+async def handshake_emap(nursery, gguf: Path, state: Path, budget_gb: str) -> tuple[Tiers, np.ndarray, list]:
+    engine = await EngineProcess.start(
+        nursery, "--model", str(gguf), "--ram-budget", budget_gb, *engine_args(state))
+    with trio.fail_after(10):
+        while not any(isinstance(e, ExpertMap) for e in engine.unsolicited):
+            await trio.sleep(0.01)
+    tiers, emap = tiers_of(engine.unsolicited)
+    out = await engine.run(1, PROMPTS[0], max_tokens=MAX_TOKENS)
+    assert isinstance(out.final, Done)
+    assert await engine.close() == 0
+    return tiers, emap_array(emap), out.events
+
+
+async def test_usage_survives_restart_and_decides_the_pinning(nursery, tmp_path: Path, moe_gguf: Path,
+                                                              expert_nbytes: int):
+    budget_experts = 4
+    budget_gb = repr(budget_experts * expert_nbytes / (1 << 30))
+    pinned = int(budget_experts * expert_nbytes * PIN_SHARE) // expert_nbytes
+    model_fp = persist.model_fingerprint(Model(moe_gguf, ram_budget=0).gguf)
+
+    tiers, grid, _ = await handshake_emap(nursery, moe_gguf, tmp_path, budget_gb)
+    assert tiers.ram_experts == 0 and not (grid >> 6).any() and not (grid & 63).any()  # cold start
+    heat = persist.load_usage(tmp_path, model_fp, (N_LAYERS, N_EXPERTS))
+    assert heat is not None and (heat > 0).any()  # persisted at the turn's end
+
+    tiers, grid, _ = await handshake_emap(nursery, moe_gguf, tmp_path, budget_gb)
+    assert tiers.ram_experts == pinned > 0
+    hottest = np.argsort(-heat, axis=None, kind="stable")[:pinned]
+    pinned_now = np.flatnonzero((grid >> 6).reshape(-1) == TIER_RAM)
+    assert sorted(pinned_now.tolist()) == sorted(hottest.tolist())
+    assert ((grid & 63) > 0).sum() == (heat > 0).sum()  # the heat came back with the file
+
+    # another heat on disk pins other experts
+    flipped = (heat.max() - heat + 1.0).astype(np.float32)
+    persist.save_usage(tmp_path, flipped, model_fp)
+    tiers, grid, _ = await handshake_emap(nursery, moe_gguf, tmp_path, budget_gb)
+    coldest = np.argsort(-flipped, axis=None, kind="stable")[:pinned]
+    pinned_now = np.flatnonzero((grid >> 6).reshape(-1) == TIER_RAM)
+    assert sorted(pinned_now.tolist()) == sorted(coldest.tolist())
+    assert set(pinned_now.tolist()) != set(hottest.tolist())
