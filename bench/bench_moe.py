@@ -1,11 +1,12 @@
 """The expert store against plain mmap, on a synthetic MoE several times larger than the budget.
 
-    python bench/bench_moe.py [--gguf PATH] [--budget-gb 0.5] [--tokens 24] [--runs 3]
+    python bench/bench_moe.py [--gguf PATH] [--budget-gb 0.5] [--tokens 32] [--runs 3]
 
 The model is tools/make_synthetic_moe.py's (default: 24 layers x 64 experts of 1024x1024 Q4_0,
 top-4, ~2.6 GiB of experts; written once to ~/.cache/colibri/bench/). Each run starts with the
 file's pages dropped from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``) and decodes
-``--tokens`` greedy tokens from the same prompt, one stream, in two ways:
+``--tokens`` tokens from the same prompt, one stream, sampled at temperature 1 with a fixed seed
+(a random model's greedy output loops over a few tokens, and so would its routing), in two ways:
 
 - **store**: a RAM budget of ``--budget-gb``; the hottest experts of a warm-up generation (its heat,
   as ``.coli_usage`` would carry it) pinned at start, the rest of the budget for recent experts,
@@ -42,6 +43,8 @@ PROMPT = [11, 523, 97, 1800, 7, 2999, 64, 310, 42, 1234, 5, 77]
 WARMUP_PROMPT = [900, 13, 2048, 8, 377, 61, 1500, 4000, 21, 6]
 DISK_PROBES = 256  # random expert-slice reads for the disk bandwidth
 RAM_PROBE_BYTES = 512 << 20
+SAMPLING_SEED = 7
+WARMUP_TOKENS = 128  # the earlier workload whose heat is pinned
 
 
 def load_tool():
@@ -100,7 +103,7 @@ def dense_bytes_per_token(model: Model) -> int:
 
 def decode(model: Model, tokens: int) -> tuple[list[int], float]:
     seq = Sequence(model.net, len(PROMPT) + tokens + 8, 64)
-    sampler = Sampler(SamplingParams(temperature=0.0))
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=SAMPLING_SEED))
     out: list[int] = []
     logits = seq.prefill(PROMPT)[-1]
     start = time.perf_counter()
@@ -136,7 +139,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
     ap.add_argument("--budget-gb", type=float, default=0.5)
-    ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
     if not args.gguf.exists():
@@ -154,10 +157,10 @@ def main() -> None:
           f"({expert_gb / max(args.budget_gb, 1e-9):.1f}x smaller)")
     print(f"measured: disk {disk_bw / 1e9:.2f} GB/s (random expert reads, cold), RAM {ram_bw / 1e9:.1f} GB/s")
 
-    warm = Sequence(probe.net, len(WARMUP_PROMPT) + args.tokens + 8, 64)
-    sampler, out = Sampler(SamplingParams(temperature=0.0)), []
+    warm = Sequence(probe.net, len(WARMUP_PROMPT) + WARMUP_TOKENS + 8, 64)
+    sampler, out = Sampler(SamplingParams(temperature=1.0, seed=SAMPLING_SEED + 1)), []
     logits = warm.prefill(WARMUP_PROMPT)[-1]
-    for _ in range(args.tokens):  # the warm-up's routing heat stands in for .coli_usage
+    for _ in range(WARMUP_TOKENS):  # the warm-up's routing heat stands in for .coli_usage
         out.append(sampler(logits, out))
         logits = warm.step(np.array([out[-1]]), False)[-1]
     heat = store.heat.copy()
@@ -170,7 +173,8 @@ def main() -> None:
     if results["store"][0]["ids"] != results["mmap"][0]["ids"]:
         raise SystemExit("the two ways generated different tokens")
 
-    print(f"{args.tokens} greedy tokens, one stream, cold page cache each run, median of {args.runs}")
+    print(f"{args.tokens} sampled tokens (seeded), one stream, cold page cache each run, "
+          f"median of {args.runs}")
     print(f"{'way':>6}{'tok/s':>8}{'hit %':>7}{'miss MB/tok':>12}{'res MB/tok':>11}{'bound tok/s':>12}"
           f"{'of bound':>9}{'RAM GB':>8}{'pin s':>7}")
     summary = {}

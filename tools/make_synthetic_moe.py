@@ -24,17 +24,22 @@ import numpy as np
 from colibri.store.quant import GGMLType, quantize
 
 Q4_0_BLOCK_BYTES = 18  # f16 scale + 16 bytes of nibbles, per 32 weights
-# The experts' scale: nibbles are uniform in 0..15 (value d*(q-8)), so d sets the output's size;
-# 1/(8 sqrt(cols)) keeps a random expert's output near unit scale.
-EXPERT_SCALE = 0.125
+# The experts' scale: nibbles are uniform in 1..15 (value d*(q-8)), so d sets the output's size;
+# small, so the residual stream stays led by the token and each layer's routing varies with it
+# (larger outputs drive every token towards the same experts after a few layers).
+EXPERT_SCALE = 0.03
 ZIPF_EXPONENT = 1.1  # routing skew: expert rank r gets lean ~ 1/r^s
-ROUTER_LEAN = 3.0  # how strongly the hottest expert's router row leans towards c
-COMMON_SHARE = 0.5  # share of each token embedding that is the common direction c
+ROUTER_LEAN = 1.0  # how strongly the hottest expert's router row leans towards c
+COMMON_SHARE = 0.2  # share of each token embedding that is the common direction c
 
 
 def _random_q4_0(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     """Random Q4_0 rows (uint8, [rows, cols/32*18]) with the scale EXPERT_SCALE/sqrt(cols)."""
-    blocks = rng.integers(0, 256, (rows, cols // 32, Q4_0_BLOCK_BYTES), dtype=np.uint8)
+    blocks = np.empty((rows, cols // 32, Q4_0_BLOCK_BYTES), dtype=np.uint8)
+    # nibbles 1..15 (values d*(q-8) in -7d..7d): zero mean, so that layer after layer of random
+    # experts does not push every token's hidden state towards one direction (and one routing)
+    nibbles = rng.integers(1, 16, (2, rows, cols // 32, 16), dtype=np.uint8)
+    blocks[:, :, 2:] = nibbles[0] | (nibbles[1] << 4)
     d = np.float16(EXPERT_SCALE / np.sqrt(cols))
     blocks[:, :, 0:2] = np.frombuffer(d.tobytes(), np.uint8)
     return blocks.reshape(rows, -1)
@@ -43,6 +48,7 @@ def _random_q4_0(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
 def write_synthetic_moe(
     path: str | Path, *, n_layers: int = 24, n_experts: int = 64, n_used: int = 4, n_embd: int = 1024,
     n_ff: int = 1024, n_vocab: int = 4096, n_heads: int = 8, n_kv_heads: int = 4, seed: int = 0,
+    router_lean: float = ROUTER_LEAN, common_share: float = COMMON_SHARE,
 ) -> Path:
     path = Path(path)
     if n_embd % 32 or n_ff % 32:
@@ -69,7 +75,7 @@ def write_synthetic_moe(
     f32 = gguf.GGMLQuantizationType.F32
     common = rng.standard_normal(n_embd).astype(np.float32)
     common /= np.linalg.norm(common)
-    lean = ROUTER_LEAN / np.arange(1, n_experts + 1) ** ZIPF_EXPONENT
+    lean = router_lean / np.arange(1, n_experts + 1) ** ZIPF_EXPONENT
 
     # Tensor infos first (the header needs every shape), data after, one tensor at a time.
     plan: list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType, object]] = []
@@ -82,8 +88,8 @@ def write_synthetic_moe(
 
     def embedding() -> np.ndarray:
         table = rng.standard_normal((n_vocab, n_embd)).astype(np.float32) / np.sqrt(n_embd)
-        table *= 1.0 - COMMON_SHARE
-        table += COMMON_SHARE * common
+        table *= 1.0 - common_share
+        table += common_share * common
         return quantize(table, GGMLType.Q4_0).reshape(n_vocab, -1)
 
     def router() -> np.ndarray:
@@ -136,10 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ff", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lean", type=float, default=ROUTER_LEAN, help="routing skew (0: uniform)")
     a = p.parse_args(argv)
     try:
         out = write_synthetic_moe(a.out, n_layers=a.layers, n_experts=a.experts, n_used=a.used,
-                                  n_embd=a.embd, n_ff=a.ff, n_vocab=a.vocab, seed=a.seed)
+                                  n_embd=a.embd, n_ff=a.ff, n_vocab=a.vocab, seed=a.seed,
+                                  router_lean=a.lean)
     except ValueError as e:
         print(f"make_synthetic_moe: error: {e}", file=sys.stderr)
         return 1
