@@ -132,3 +132,29 @@ async def test_usage_survives_restart_and_decides_the_pinning(nursery, tmp_path:
     pinned_now = np.flatnonzero((grid >> 6).reshape(-1) == TIER_RAM)
     assert sorted(pinned_now.tolist()) == sorted(coldest.tolist())
     assert set(pinned_now.tolist()) != set(hottest.tolist())
+
+
+def test_serve_moe_through_the_openai_sdk(moe_gguf: Path):
+    """``coli serve`` in front of the MoE engine: a chat completion with the official SDK, then
+    /experts shows the store's map, tiers and hit rate."""
+    from serve_harness import ServerProcess
+
+    srv = ServerProcess.start("--model", str(moe_gguf), "--ram-budget", "inf", "--ctx", "256")
+    try:
+        with srv.client() as client:
+            reply = client.chat.completions.create(
+                model=srv.model_id, messages=[{"role": "user", "content": "hello there"}],
+                max_tokens=12, temperature=0,
+            )
+            assert reply.choices[0].message.content is not None
+            assert reply.usage.completion_tokens > 0
+        with srv.http() as http:
+            e = http.get("/experts").json()
+        assert (e["rows"], e["cols"]) == (N_LAYERS, N_EXPERTS)
+        grid = np.frombuffer(bytes.fromhex(e["map"]), np.uint8).reshape(N_LAYERS, N_EXPERTS)
+        assert e["tiers"]["ram_experts"] == ((grid >> 6) == TIER_RAM).sum() > 0
+        assert e["hit_pct"] is not None and 0.0 <= e["hit_pct"] <= 100.0
+    except BaseException:
+        srv.kill()
+        raise
+    assert srv.stop() == 0, srv.log

@@ -164,6 +164,7 @@ def create_app(state: ServerState) -> QuartTrio:
             "entropy": [],
             "repin": [],
             "tiers": t.tiers.__dict__ if t.tiers else None,
+            "hit_pct": t.hit_pct,
         }
 
     @app.get("/metrics")

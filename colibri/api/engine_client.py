@@ -57,6 +57,7 @@ class Telemetry:
     emap: ExpertMap | None = None
     hits: Hits | None = None
     seq: int = 0  # bumps with every EMAP/HITS
+    hit_pct: float | None = None  # the expert store's hit rate over the last finished turn (MoE)
 
 
 @dataclass(eq=False)
@@ -132,6 +133,8 @@ class EngineClient:
                         task_status = None
                     continue
                 rid = getattr(event, "id", 0)
+                if isinstance(event, Done) and self.telemetry.emap and self.telemetry.emap.rows:
+                    self.telemetry.hit_pct = event.hit_pct  # MoE only: a dense model has no store
                 if rid and isinstance(event, Data | TopK | Done | Error | Perf):
                     flight = self._flights.get(rid)
                     if flight is not None:
