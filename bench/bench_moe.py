@@ -11,6 +11,7 @@ file's pages dropped from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``
 - **store**: a RAM budget of ``--budget-gb``; the hottest experts of a warm-up generation (its heat,
   as ``.coli_usage`` would carry it) pinned at start, the rest of the budget for recent experts,
   the next layer's experts read ahead (``MADV_WILLNEED``) while the current one computes.
+- **no-ahead**: the store as above without the read-ahead, to show what the read-ahead adds.
 - **mmap**: no resident copies and no read-ahead: every expert use packs from the mmap (the page
   cache is all the caching there is), the way a plain mmap engine reads its experts.
 
@@ -118,9 +119,10 @@ def run_way(path: Path, way: str, budget: int | None, heat: np.ndarray | None, t
     model = Model(path, ram_budget=budget)
     store = model.net.experts
     store.prefetch_enabled = way == "store"
+    pinning = way in ("store", "no-ahead")
     drop_cache(path)
     t0 = time.perf_counter()
-    pinned = store.pin_hottest(heat) if way == "store" else 0
+    pinned = store.pin_hottest(heat) if pinning else 0
     t_pin = time.perf_counter() - t0
     c0 = store.counters()
     ids, elapsed = decode(model, tokens)
@@ -166,16 +168,16 @@ def main() -> None:
     heat = store.heat.copy()
     del probe, warm
 
-    results: dict[str, list[dict]] = {"store": [], "mmap": []}
+    results: dict[str, list[dict]] = {"store": [], "no-ahead": [], "mmap": []}
     for _ in range(args.runs):
-        for way in ("mmap", "store"):
-            results[way].append(run_way(args.gguf, way, budget if way == "store" else 0, heat, args.tokens))
-    if results["store"][0]["ids"] != results["mmap"][0]["ids"]:
-        raise SystemExit("the two ways generated different tokens")
+        for way in results:
+            results[way].append(run_way(args.gguf, way, 0 if way == "mmap" else budget, heat, args.tokens))
+    if len({tuple(r[0]["ids"]) for r in results.values()}) != 1:
+        raise SystemExit("the ways generated different tokens")
 
     print(f"{args.tokens} sampled tokens (seeded), one stream, cold page cache each run, "
           f"median of {args.runs}")
-    print(f"{'way':>6}{'tok/s':>8}{'hit %':>7}{'miss MB/tok':>12}{'res MB/tok':>11}{'bound tok/s':>12}"
+    print(f"{'way':>9}{'tok/s':>8}{'hit %':>7}{'miss MB/tok':>12}{'res MB/tok':>11}{'bound tok/s':>12}"
           f"{'of bound':>9}{'RAM GB':>8}{'pin s':>7}")
     summary = {}
     for way, runs in results.items():
@@ -183,7 +185,7 @@ def main() -> None:
             return statistics.median(r[key] for r in runs)
         bound = 1.0 / (med("resident_per_tok") / ram_bw + med("missed_per_tok") / disk_bw)
         summary[way] = med("tok_s")
-        print(f"{way:>6}{med('tok_s'):8.2f}{med('hit'):7.1f}{med('missed_per_tok') / 1e6:12.1f}"
+        print(f"{way:>9}{med('tok_s'):8.2f}{med('hit'):7.1f}{med('missed_per_tok') / 1e6:12.1f}"
               f"{med('resident_per_tok') / 1e6:11.1f}{bound:12.2f}{med('tok_s') / bound:9.2f}"
               f"{med('ram_gb'):8.2f}{med('t_pin'):7.2f}")
     print(f"store / mmap: {summary['store'] / summary['mmap']:.2f}x")
