@@ -258,9 +258,14 @@ class Engine:
         gen_s = now - req.t_first if req.t_first else 0.0
         tok_s = (req.emitted - 1) / gen_s if req.emitted > 1 and gen_s > 0 else 0.0
         hit_pct, t_edisk = 0.0, 0.0
-        if self.experts is not None and req.store_at_start is not None:
+        if self.experts is None:
+            expert_events, counters = self.expert_telemetry(hits=True), None
+        else:
+            async with self.step_lock:  # the forward thread changes the store's tiers during a step
+                expert_events, counters = self.expert_telemetry(hits=True), self.experts.counters()
+        if counters is not None and req.store_at_start is not None:
             # the store serves every slot at once: a turn's figures are the store's over its span
-            c0, c1 = req.store_at_start, self.experts.counters()
+            c0, c1 = req.store_at_start, counters
             uses = (c1.hits - c0.hits) + (c1.misses - c0.misses)
             hit_pct = 100.0 * (c1.hits - c0.hits) / uses if uses else 0.0
             t_edisk = c1.t_disk - c0.t_disk
@@ -269,7 +274,7 @@ class Engine:
                              reused_tokens=req.reused, prefilled_tokens=len(req.prompt) - req.reused))
         await req.emit(Entropy())
         await req.emit(Gpus())
-        for event in self.expert_telemetry(hits=True):
+        for event in expert_events:
             await req.emit(event)
         await req.emit(Done(req.id, req.emitted, tok_s, hit_pct, telemetry.rss_gb(), len(req.prompt),
                              req.length_limited))
