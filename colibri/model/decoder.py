@@ -1,0 +1,75 @@
+"""The decoder loop that every architecture here shares; each architecture's module (``llama.py``,
+``qwen_moe.py``, ``glm4moe.py``) is a subclass that says how its layers differ.
+
+A layer: ``x += attention(rmsnorm(x))``, then ``x += ffn(rmsnorm(x, <ffn norm>))``, the FFN being a
+dense SwiGLU (one compiled call for the whole layer) or the layer's experts (the attention call, the
+routing, one call per distinct expert of the step; ``moe.py``). A forward step is a ragged batch:
+rows ``[0, n_direct)`` are decode rows (the matmuls' direct path), the rest prompt rows (tiled).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from colibri.model.hparams import HParams
+from colibri.model.kernels.ops import add_into, rope_frequencies
+from colibri.model.kv_cache import KVCache
+from colibri.model.moe import GATING_SOFTMAX, load_moe_ffn, routing
+from colibri.model.transformer import (
+    AttnShape,
+    Embedding,
+    attention_then_norm,
+    dense_layer,
+    load_attention,
+    load_ffn,
+    load_vector,
+)
+from colibri.store.experts import ExpertStore
+from colibri.store.gguf import GGUFFile
+
+
+class Decoder:
+    """Weights (views of the mmap, packed) and the forward step."""
+
+    GATING = GATING_SOFTMAX  # the router's gating unless the file says (expert_gating_func)
+    NORM_TOPK = True  # renormalise the top-k weights unless the file says (expert_weights_norm)
+    NEOX = False  # RoPE on (i, i + d/2) pairs (NEOX) rather than adjacent ones
+    FFN_NORM = "ffn_norm"  # the norm before the feed-forward
+
+    def is_moe(self, gguf: GGUFFile, hp: HParams, layer: int) -> bool:
+        return f"blk.{layer}.ffn_gate_inp.weight" in gguf.tensors
+
+    def __init__(self, gguf: GGUFFile, hp: HParams) -> None:
+        self.hp = hp
+        self.embedding = Embedding(gguf, hp.n_embd, hp.norm_eps)
+        self.experts = ExpertStore(gguf, hp)
+        rule = routing(hp, self.GATING, norm=self.NORM_TOPK)
+        self.attn, self.ffn_norm, self.ffn, self.moe = [], [], [], []
+        for i in range(hp.n_layers):
+            p = f"blk.{i}."
+            self.attn.append(load_attention(gguf, i, hp))
+            self.ffn_norm.append(load_vector(gguf, p + self.FFN_NORM + ".weight"))
+            moe = self.is_moe(gguf, hp, i)
+            self.moe.append(load_moe_ffn(gguf, i, rule, self.experts) if moe else None)
+            self.ffn.append(None if moe else load_ffn(gguf, p))
+        self.shape = AttnShape(hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.norm_eps, self.NEOX)
+        self.inv_freq = rope_frequencies(hp.head_dim, hp.rope_dim, hp.rope_base)
+
+    def forward(
+        self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
+        logit_rows: np.ndarray, n_direct: int = 0,
+    ) -> np.ndarray:
+        """Run one step; write every row's K/V into its slot; return logits of ``logit_rows``.
+
+        The first ``n_direct`` rows are decode rows (the direct matmul path), the rest prompt rows
+        (tiled); the logits always take the direct path, one row per sequence."""
+        x = self.embedding.embed(tokens)
+        h = np.empty_like(x)
+        for i in range(self.hp.n_layers):
+            args = (self.shape, kv.k, kv.v, i, slots, positions, self.inv_freq, n_direct)
+            if self.moe[i] is None:
+                dense_layer(x, self.attn[i], self.ffn_norm[i], self.ffn[i], *args)
+            else:
+                attention_then_norm(x, self.attn[i], self.ffn_norm[i], *args, h)
+                add_into(x, self.moe[i](h, n_direct))
+        return self.embedding.logits(x, logit_rows)
