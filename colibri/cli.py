@@ -198,6 +198,7 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
     from colibri.sched.core import MAX_SLOTS
 
     path = settings.model_path(args)
+    settings.ram_budget(args)  # a bad value fails here, not in every restart of the engine child
     n_slots = settings.resolve(args, settings.SERVE_SLOTS)
     if not 1 <= n_slots <= MAX_SLOTS:
         raise ColibriError(f"--kv-slots must be 1..{MAX_SLOTS}, got {n_slots}")

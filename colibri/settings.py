@@ -117,21 +117,36 @@ def ram_budget(args: argparse.Namespace) -> int | None:
     """--ram-budget / COLI_RAM_GB in bytes; None for no limit."""
     gb = resolve(args, RAM_BUDGET)
     if gb is None:
-        return int(DEFAULT_RAM_SHARE * _available_ram())
+        available = _available_ram()
+        return None if available is None else int(DEFAULT_RAM_SHARE * available)
     if gb != gb or gb < 0:
         raise ColibriError(f"--ram-budget/COLI_RAM_GB must be a number of GB >= 0 (or inf), got {gb}")
-    return None if gb == float("inf") else int(gb * GIB)
+    return None if gb * GIB == float("inf") else int(gb * GIB)
 
 
-def _available_ram() -> int:
+def _available_ram() -> int | None:
+    """Bytes of RAM free for us: MemAvailable, capped by a cgroup v2 memory limit (a container sees
+    the host's MemAvailable); None when neither can be read (no limit then)."""
+    available = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
+        try:
+            available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return None
+    try:
+        cgroup = Path("/sys/fs/cgroup")
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            room = int(limit) - int((cgroup / "memory.current").read_text())
+            available = room if available is None else min(available, room)
+    except (OSError, ValueError):
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return available
 
 
 def default_model_path() -> Path:

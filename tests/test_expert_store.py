@@ -123,3 +123,21 @@ def test_prefetch_skips_resident_and_reads_ahead(moe_path: Path):
     greedy(model)
     store.prefetch(store.layers[-1], np.arange(N_EXPERTS))
     assert store.counters().misses == store.tier_counts()[0]
+
+
+@pytest.mark.parametrize("n_used", [0, N_EXPERTS + 1])
+def test_impossible_routing_metadata_is_one_clear_error(tmp_path: Path, n_used: int):
+    """The routing kernels index without bounds checks: a top-k the experts cannot satisfy is
+    refused at load, as one ``coli: error:`` line, not garbage or a crash."""
+    import subprocess
+    import sys
+
+    path = make_synthetic_moe.write_synthetic_moe(
+        tmp_path / "bad.gguf", n_layers=1, n_experts=N_EXPERTS, n_used=n_used, n_embd=64, n_ff=64,
+        n_vocab=128,
+    )
+    cmd = [sys.executable, "-m", "colibri", "run", "--model", str(path), "--prompt-ids", "1,2"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert run.stderr.startswith("coli: error:") and "expert_used_count" in run.stderr
+    assert "Traceback" not in run.stderr and run.stderr.count("\n") == 1

@@ -30,7 +30,7 @@ from colibri.model.hparams import HParams
 from colibri.model.kernels.ops import add_into
 from colibri.model.transformer import FFN, load_ffn, load_matrix, optional_vector, swiglu_ffn
 from colibri.store.experts import ExpertStore, ExpertWeights
-from colibri.store.gguf import GGUFFile
+from colibri.store.gguf import GGUFError, GGUFFile
 
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
 
@@ -283,8 +283,31 @@ def load_moe_ffn(gguf: GGUFFile, layer: int, rule: Routing, store: ExpertStore) 
     """Layer ``layer``'s router (``ffn_gate_inp``), selection bias (``exp_probs_b``) and shared
     expert (``ffn_*_shexp``, gated by ``ffn_gate_inp_shexp``) where the file has them."""
     p = f"blk.{layer}."
+    if layer not in store.layers:
+        raise GGUFError(f"{gguf.path}: layer {layer} has a router but no 3-D expert tensors "
+                        f"({p}ffn_{{gate,up,down}}_exps.weight; per-expert tensors are not supported)")
     shared = load_ffn(gguf, p, "_shexp") if p + "ffn_down_shexp.weight" in gguf.tensors else None
-    return MoEFFN(
-        layer, load_matrix(gguf, p + "ffn_gate_inp.weight"), optional_vector(gguf, p + "exp_probs_b.bias"),
-        rule, store, shared, optional_vector(gguf, p + "ffn_gate_inp_shexp.weight"),
-    )
+    router, bias = load_matrix(gguf, p + "ffn_gate_inp.weight"), optional_vector(gguf, p + "exp_probs_b.bias")
+    check_routing(gguf, layer, rule, router, bias, store.n_experts)
+    shared_gate = optional_vector(gguf, p + "ffn_gate_inp_shexp.weight")
+    return MoEFFN(layer, router, bias, rule, store, shared, shared_gate)
+
+
+def check_routing(gguf: GGUFFile, layer: int, rule: Routing, router: np.ndarray, bias: np.ndarray,
+                  n_expert: int) -> None:
+    """The kernels index by these numbers without bounds checks: a file whose routing metadata
+    cannot work is refused at load, with the reason, rather than giving garbage or a crash."""
+    where = f"{gguf.path}: layer {layer}:"
+    if router.shape[0] != n_expert:
+        raise GGUFError(f"{where} the router has {router.shape[0]} rows for {n_expert} experts")
+    if bias.shape[0] not in (0, n_expert):
+        raise GGUFError(f"{where} exp_probs_b has {bias.shape[0]} values for {n_expert} experts")
+    if not 1 <= rule.k <= n_expert:
+        raise GGUFError(f"{where} expert_used_count {rule.k} is not within 1..{n_expert}")
+    if rule.n_group > 1:
+        if n_expert % rule.n_group or not 1 <= rule.topk_group <= rule.n_group:
+            raise GGUFError(f"{where} {rule.n_group} expert groups (keeping {rule.topk_group}) "
+                            f"do not divide {n_expert} experts")
+        if rule.k > rule.topk_group * (n_expert // rule.n_group):
+            raise GGUFError(f"{where} top-{rule.k} cannot be taken from {rule.topk_group} groups of "
+                            f"{n_expert // rule.n_group}")

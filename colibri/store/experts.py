@@ -104,10 +104,14 @@ class ExpertStore:
         self._predictors: dict[int, Callable[[np.ndarray], np.ndarray]] = {}
         self._hits = self._misses = self._missed_bytes = 0
         self._t_disk = 0.0
-        self.expert_nbytes = self._measure_packed() if self.layers else 0
-        self.expert_file_bytes = (
-            sum(self._slice_bytes(name) for name in self._tensors[self.layers[0]]) if self.layers else 0
-        )
+        # Sizes per layer: a file may mix block types across layers (budget accounting must not
+        # assume layer 0's everywhere).
+        self._nbytes = {layer: self._measure_packed(layer) for layer in self.layers}
+        self._file_bytes = {
+            layer: sum(self._slice_bytes(name) for name in self._tensors[layer]) for layer in self.layers
+        }
+        self.expert_nbytes = self._nbytes[self.layers[0]] if self.layers else 0  # layer 0's, for reports
+        self.expert_file_bytes = self._file_bytes[self.layers[0]] if self.layers else 0
 
     # -- the forward pass's interface --------------------------------------------------------------
 
@@ -127,7 +131,7 @@ class ExpertStore:
         weights = self._pack(layer, expert)
         self._t_disk += time.perf_counter() - start
         self._misses += 1
-        self._missed_bytes += self.expert_file_bytes
+        self._missed_bytes += self._file_bytes[layer]
         self._keep_recent(key, weights)
         return weights
 
@@ -188,16 +192,18 @@ class ExpertStore:
             row, e = divmod(flat, self.n_experts)
             if self.heat[row, e] <= 0.0:
                 break
-            if room is not None and self._pinned_bytes + self.expert_nbytes > room:
+            layer = self.layers[row]
+            size = self._nbytes[layer]
+            if room is not None and self._pinned_bytes + size > room:
                 break
-            key = (self.layers[row], e)
+            key = (layer, e)
             weights = self._recent.pop(key, None)
             if weights is None:
                 weights = self._pack(*key)
             else:
-                self._recent_bytes -= self.expert_nbytes
+                self._recent_bytes -= size
             self._pinned[key] = weights
-            self._pinned_bytes += self.expert_nbytes
+            self._pinned_bytes += size
         self._trim_recent()
         return len(self._pinned)
 
@@ -241,21 +247,22 @@ class ExpertStore:
     # -- internals ---------------------------------------------------------------------------------
 
     def _keep_recent(self, key: tuple[int, int], weights: ExpertWeights) -> None:
-        if self.budget is not None and self._pinned_bytes + self.expert_nbytes > self.budget:
+        size = self._nbytes[key[0]]
+        if self.budget is not None and self._pinned_bytes + size > self.budget:
             return  # no room beside the pinned set: the copy stays transient
         self._recent[key] = weights
-        self._recent_bytes += self.expert_nbytes
+        self._recent_bytes += size
         self._trim_recent()
 
     def _trim_recent(self) -> None:
         if self.budget is None:
             return
         while self._recent and self._pinned_bytes + self._recent_bytes > self.budget:
-            self._recent.popitem(last=False)
-            self._recent_bytes -= self.expert_nbytes
+            (layer, _), _ = self._recent.popitem(last=False)
+            self._recent_bytes -= self._nbytes[layer]
 
-    def _measure_packed(self) -> int:
-        w = self._pack(self.layers[0], 0)
+    def _measure_packed(self, layer: int) -> int:
+        w = self._pack(layer, 0)
         return weight_nbytes(w.gate_up) + weight_nbytes(w.down)
 
     def _pack(self, layer: int, expert: int) -> ExpertWeights:
@@ -285,7 +292,7 @@ class ExpertStore:
 
 
 def budget_bytes(gb: float | None) -> int | None:
-    """``--ram-budget`` GB (None or negative: no limit) in bytes."""
-    if gb is None or gb < 0 or math.isinf(gb):
+    """``--ram-budget`` GB (None, negative or not finite: no limit) in bytes."""
+    if gb is None or not gb >= 0 or not math.isfinite(gb * (1 << 30)):
         return None
     return int(gb * (1 << 30))

@@ -4,8 +4,8 @@ GGUF stores a matrix row by row, each row a run of 32-element blocks with their 
 kernel walking a row must reduce every block horizontally, which SIMD does badly, so for decode
 each quantized matrix is also *packed* at load: GROUP (32) rows are interleaved block by block,
 
-    q[g, b, j, r]   quant j of block b of row 32*g + r   (Q4: a byte of two nibbles, Q8: int8)
-    d[g, b, r]      that block's scale;  m[g, b, r] its offset (Q4_1's min, -8*d for Q4_0)
+    q[g, b, j, r]   quant j of block b of row 32*g + r   (Q4: a byte of two nibbles, Q8: q + 128)
+    d[g, b, r]      that block's scale;  m[g, b, r] its offset (Q4_1's min, -8d Q4_0, -128d Q8_0)
 
 so the 32 rows of a group are 32 SIMD lanes: each quant position j is one vector of weights times
 one broadcast activation, with no horizontal sums at all. The bits stay 4- or 8-bit; only the
