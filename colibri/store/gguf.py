@@ -213,10 +213,11 @@ class GGUFFile:
             self._map.madvise(mmap.MADV_WILLNEED, aligned, end - aligned)
 
     def advise_dontneed(self) -> None:
-        """Drop this file's pages from the page cache (benchmarks start from a cold disk)."""
+        """Drop this file's pages from the page cache (benchmarks start from a cold disk): first this
+        mapping's hold on them, then the cache (the kernel keeps pages any mapping still holds)."""
+        self._map.madvise(mmap.MADV_DONTNEED)
         with open(self.path, "rb") as f:
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        self._map.madvise(mmap.MADV_DONTNEED)
 
     def require_supported(self, name: str) -> TensorInfo:
         """The tensor's info, or a GGUFError if the kernels cannot compute on its block type."""
