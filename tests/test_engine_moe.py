@@ -16,7 +16,7 @@ import trio
 from engine_harness import EngineProcess, engine_args
 
 from colibri.convert.writer import convert
-from colibri.io.events import Done, ExpertMap, Hits, Tiers
+from colibri.io.events import Done, ExpertMap, Hits, Perf, Tiers
 from colibri.model.loader import Model
 from colibri.sched import persist
 from colibri.store.experts import PIN_SHARE, TIER_DISK, TIER_RAM
@@ -74,6 +74,8 @@ async def test_budget_zero_equals_unlimited_and_telemetry_shows_the_tiers(nurser
     assert ((emap_array(emap) >> 6) == TIER_DISK).all()
     done = [e for e in events_zero if isinstance(e, Done)]
     assert all(d.hit_pct == 0.0 for d in done)  # nothing resident: every use is a miss
+    perf = [e for e in events_zero if isinstance(e, Perf)]
+    assert len(perf) == 2 and all(p.t_edisk > 0 and p.t_emm > 0 for p in perf)  # misses read, experts ran
 
     tiers, emap = tiers_of(events_inf)
     grid = emap_array(emap)

@@ -21,6 +21,7 @@ experts ran.
 
 from __future__ import annotations
 
+import time
 from typing import NamedTuple
 
 import numba as nb
@@ -271,7 +272,10 @@ class MoEFFN:
         expert_out = np.empty((t_rows, k, h.shape[1]), np.float32)
         for i, e in enumerate(experts.tolist()):
             a, b = starts[i], starts[i + 1]
-            apply_expert(h, rows[a:b], ranks[a:b], n_direct, self.store.get(self.layer, e), expert_out)
+            weights_e = self.store.get(self.layer, e)
+            start = time.perf_counter()
+            apply_expert(h, rows[a:b], ranks[a:b], n_direct, weights_e, expert_out)
+            self.store.note_compute(time.perf_counter() - start)
         out = np.empty_like(h)
         combine(expert_out, weights, out)
         if self.shared is not None:

@@ -257,7 +257,7 @@ class Engine:
         now = time.perf_counter()
         gen_s = now - req.t_first if req.t_first else 0.0
         tok_s = (req.emitted - 1) / gen_s if req.emitted > 1 and gen_s > 0 else 0.0
-        hit_pct, t_edisk = 0.0, 0.0
+        hit_pct, t_edisk, t_emm = 0.0, 0.0, 0.0
         if self.experts is None:
             expert_events, counters = self.expert_telemetry(hits=True), None
         else:
@@ -268,9 +268,9 @@ class Engine:
             c0, c1 = req.store_at_start, counters
             uses = (c1.hits - c0.hits) + (c1.misses - c0.misses)
             hit_pct = 100.0 * (c1.hits - c0.hits) / uses if uses else 0.0
-            t_edisk = c1.t_disk - c0.t_disk
+            t_edisk, t_emm = c1.t_disk - c0.t_disk, c1.t_compute - c0.t_compute
         await req.emit(telemetry.hwinfo())
-        await req.emit(Perf(req.id, now - req.t_start, t_edisk=t_edisk, t_kvb=req.t_prefill,
+        await req.emit(Perf(req.id, now - req.t_start, t_edisk=t_edisk, t_emm=t_emm, t_kvb=req.t_prefill,
                              reused_tokens=req.reused, prefilled_tokens=len(req.prompt) - req.reused))
         await req.emit(Entropy())
         await req.emit(Gpus())

@@ -62,6 +62,7 @@ class StoreCounters(NamedTuple):
     misses: int  # get() that packed from the file
     missed_bytes: int  # file bytes those misses read
     t_disk: float  # seconds packing misses (page faults included)
+    t_compute: float  # seconds in the experts' matmuls
 
 
 def weight_nbytes(w: Weight) -> int:
@@ -103,7 +104,7 @@ class ExpertStore:
         self._pinned_bytes = self._recent_bytes = 0
         self._predictors: dict[int, Callable[[np.ndarray], np.ndarray]] = {}
         self._hits = self._misses = self._missed_bytes = 0
-        self._t_disk = 0.0
+        self._t_disk = self._t_compute = 0.0
         # Sizes per layer: a file may mix block types across layers (budget accounting must not
         # assume layer 0's everywhere).
         self._nbytes = {layer: self._measure_packed(layer) for layer in self.layers}
@@ -141,6 +142,10 @@ class ExpertStore:
         self.heat[row] *= np.float32(HEAT_DECAY)
         self.heat[row, expert_ids] += np.float32(1.0)
         self._hits_map[row, expert_ids] = True
+
+    def note_compute(self, seconds: float) -> None:
+        """Time the forward pass spent applying an expert (PERF's t_emm)."""
+        self._t_compute += seconds
 
     def register_predictor(self, layer: int, predict: Callable[[np.ndarray], np.ndarray]) -> None:
         """``predict(h)``: the experts ``layer`` would route hidden rows ``h`` to (its router)."""
@@ -217,7 +222,7 @@ class ExpertStore:
         return ram, len(self.layers) * self.n_experts - ram, self._pinned_bytes + self._recent_bytes
 
     def counters(self) -> StoreCounters:
-        return StoreCounters(self._hits, self._misses, self._missed_bytes, self._t_disk)
+        return StoreCounters(self._hits, self._misses, self._missed_bytes, self._t_disk, self._t_compute)
 
     # -- telemetry maps ----------------------------------------------------------------------------
 
