@@ -459,3 +459,36 @@ async def test_queue_timeout_429() -> None:
     finally:
         status = srv.stop()
     assert status == 0, f"SIGTERM: exit status {status} (None: did not stop)\n{srv.stderr()}"
+
+
+async def test_client_leaving_while_queued_is_counted() -> None:
+    """A client that gives up while its request waits for a slot: counted as cancelled, the queue
+    empties, and the request holding the slot is untouched."""
+    srv = Server("--kv-slots", "1", "--max-queue", "8", "--queue-timeout", "60")
+    try:
+        async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as client:
+            before = await health(client, srv.url)
+            with trio.fail_after(90):
+                async with client.stream(
+                    "POST", f"{srv.url}/v1/chat/completions", json=chat_body(PROMPTS[0], HOLDING_TOKENS)
+                ) as long:
+                    assert long.status_code == 200
+                    lines = long.aiter_lines()
+                    async for line in lines:  # the slot is held: a token has come
+                        if content_of(line):
+                            break
+                    with trio.move_on_after(1.0):  # queued behind it, then the client leaves
+                        await stream_chat(client, srv.url, PROMPTS[1])
+                    while (await health(client, srv.url))["queued"]:
+                        await trio.sleep(0.05)
+                    async for line in lines:  # the long one still streams
+                        if line.startswith("data: "):
+                            assert '"error"' not in line, line
+                            break
+                after = await wait_idle(client, srv.url, 10)
+            # two left: the queued one, and the long stream, closed before its end
+            assert delta(before, after, "cancelled") == 2, (before, after)
+            assert delta(before, after, "failed") == delta(before, after, "rejected") == 0, (before, after)
+    finally:
+        status = srv.stop()
+    assert status == 0, f"SIGTERM: exit status {status} (None: did not stop)\n{srv.stderr()}"

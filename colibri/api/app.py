@@ -204,6 +204,9 @@ def create_app(state: ServerState) -> QuartTrio:
         holder = state.admission.slot(gen.cache_slot)
         try:
             slot, waited = await holder.__aenter__()
+        except trio.Cancelled:
+            state.counters["cancelled"] += 1  # the client left while queued
+            raise
         except (QueueFull, QueueTimeout) as e:
             state.counters["rejected"] += 1
             metrics.requests.inc(endpoint=endpoint, status="429")
@@ -317,6 +320,7 @@ class _Run:
                                 "messages" if g.kind == "chat" else "prompt",
                                 code="context_length_exceeded",
                             )
+                        self.state.counters["failed"] += 1
                         raise openai.ApiError(
                             500, f"the engine refused the request: {code}", type_="server_error"
                         )
