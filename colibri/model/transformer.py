@@ -16,7 +16,7 @@ import numba as nb
 import numpy as np
 
 from colibri.model.kernels.attention import attend, store_kv
-from colibri.model.kernels.ops import add_bias, add_into, rmsnorm, rmsnorm_heads, rope, rope_neox, swiglu
+from colibri.model.kernels.ops import add_bias, add_into, rmsnorm, rmsnorm_heads, rope, swiglu
 from colibri.model.kernels.quant_matmul import Weight, dequantize_row, make_weight, qmatmul
 from colibri.store.gguf import GGUFError, GGUFFile
 
@@ -134,12 +134,8 @@ def attention(
         rmsnorm_heads(q, a.q_norm, sh.n_heads, sh.head_dim, sh.eps)
     if a.k_norm.shape[0] > 0:
         rmsnorm_heads(k, a.k_norm, sh.n_kv, sh.head_dim, sh.eps)
-    if sh.neox:
-        rope_neox(q, positions, sh.n_heads, sh.head_dim, inv_freq)
-        rope_neox(k, positions, sh.n_kv, sh.head_dim, inv_freq)
-    else:
-        rope(q, positions, sh.n_heads, sh.head_dim, inv_freq)
-        rope(k, positions, sh.n_kv, sh.head_dim, inv_freq)
+    rope(q, positions, sh.n_heads, sh.head_dim, inv_freq, sh.neox)
+    rope(k, positions, sh.n_kv, sh.head_dim, inv_freq, sh.neox)
     store_kv(k, v, k_cache, v_cache, layer, slots, positions, sh.n_kv, sh.head_dim)
     attn = np.empty((t_rows, q_dim), np.float32)
     attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, sh.head_dim, attn)

@@ -47,38 +47,19 @@ def rope_frequencies(head_dim: int, rope_dim: int, freq_base: float) -> np.ndarr
 
 
 @nb.njit(**_JIT)
-def rope(x: np.ndarray, positions: np.ndarray, n_heads: int, head_dim: int, inv_freq: np.ndarray) -> None:
-    """Rotate adjacent pairs (ggml's 'normal' RoPE, the llama layout in GGUF) in place.
-
-    ``x`` is (T, n_heads * head_dim); row t sits at ``positions[t]``. Pairs beyond ``rope_dim``
-    (the length of ``2 * inv_freq``) are left as they are (partial rotary).
-    """
-    half = inv_freq.shape[0]
-    for t in range(x.shape[0]):
-        p = np.float64(positions[t])
-        for i in range(half):
-            angle = p * inv_freq[i]
-            c = np.float32(np.cos(angle))
-            s = np.float32(np.sin(angle))
-            for h in range(n_heads):
-                j = h * head_dim + 2 * i
-                a = x[t, j]
-                b = x[t, j + 1]
-                x[t, j] = a * c - b * s
-                x[t, j + 1] = a * s + b * c
-
-
-@nb.njit(**_JIT)
-def rope_neox(
+def rope(
     x: np.ndarray, positions: np.ndarray, n_heads: int, head_dim: int, inv_freq: np.ndarray,
+    neox: bool = False,
 ) -> None:
-    """Rotate the pairs ``(i, i + rope_dim/2)`` of each head in place (ggml's NEOX RoPE, which is
-    Hugging Face's ``rotate_half``): qwen2moe, qwen3moe, glm4moe.
+    """Rotate pairs of each head in place: adjacent pairs ``(2i, 2i+1)`` (ggml's 'normal' RoPE,
+    the llama layout in GGUF), or with ``neox`` the pairs ``(i, i + rope_dim/2)`` (ggml's NEOX,
+    Hugging Face's ``rotate_half``: qwen2moe, qwen3moe, glm4moe).
 
-    ``rope_dim`` is ``2 * len(inv_freq)``; dimensions from ``rope_dim`` to ``head_dim`` are left as
-    they are (partial rotary: glm4moe rotates the first half of each head).
+    ``x`` is (T, n_heads * head_dim); row t sits at ``positions[t]``. ``rope_dim`` is
+    ``2 * len(inv_freq)``; dimensions beyond it are left as they are (partial rotary).
     """
     half = inv_freq.shape[0]
+    stride, other = (1, half) if neox else (2, 1)  # pair i is (stride*i, stride*i + other)
     for t in range(x.shape[0]):
         p = np.float64(positions[t])
         for i in range(half):
@@ -86,11 +67,11 @@ def rope_neox(
             c = np.float32(np.cos(angle))
             s = np.float32(np.sin(angle))
             for h in range(n_heads):
-                j = h * head_dim + i
+                j = h * head_dim + stride * i
                 a = x[t, j]
-                b = x[t, j + half]
+                b = x[t, j + other]
                 x[t, j] = a * c - b * s
-                x[t, j + half] = a * s + b * c
+                x[t, j + other] = a * s + b * c
 
 
 @nb.njit(**_JIT)
