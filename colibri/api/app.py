@@ -420,28 +420,18 @@ class _Run:
                     text=None if g.kind == "chat" else "",
                 )
             )
-            use = self.usage()
-            if g.include_usage:
-                yield frame(
-                    {
-                        "id": self.rid,
-                        "object": "chat.completion.chunk" if g.kind == "chat" else "text_completion",
-                        "created": self.created,
-                        "model": model,
-                        "choices": [],
-                        "usage": use,
-                    }
-                )
-            yield frame(
-                {
+            def closing(**field) -> bytes:
+                """A chunk with no choices that carries one more field: usage, then our stats."""
+                return frame({
                     "id": self.rid,
                     "object": "chat.completion.chunk" if g.kind == "chat" else "text_completion",
-                    "created": self.created,
-                    "model": model,
-                    "choices": [],
-                    "colibri": self.stats(),
-                }
-            )
+                    "created": self.created, "model": model, "choices": [], **field,
+                })
+
+            use = self.usage()
+            if g.include_usage:
+                yield closing(usage=use)
+            yield closing(colibri=self.stats())
             yield b"data: [DONE]\n\n"
             self.state.counters["completed"] += 1
         except openai.ApiError as e:  # after the headers: the error travels as a final SSE event
