@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -426,31 +428,41 @@ async def test_disconnects_leak_no_slot(server: Server, references: dict[str, st
     assert not problems, "\n".join(problems)
 
 
+@asynccontextmanager
+async def holding_the_slot(client: httpx.AsyncClient, url: str) -> AsyncIterator[AsyncIterator[str]]:
+    """A long streaming request that has its first token (so it holds a slot); its SSE lines.
+    Leaving the block closes it early, which gives its slot back."""
+    async with client.stream("POST", f"{url}/v1/chat/completions",
+                             json=chat_body(PROMPTS[0], HOLDING_TOKENS)) as long:
+        assert long.status_code == 200
+        lines = long.aiter_lines()
+        async for line in lines:
+            if content_of(line):
+                break
+        yield lines
+
+
+async def still_streaming(lines: AsyncIterator[str]) -> None:
+    async for line in lines:
+        if line.startswith("data: "):
+            assert '"error"' not in line, line
+            break
+
+
 async def test_queue_timeout_429() -> None:
     srv = Server("--kv-slots", "1", "--max-queue", "8", "--queue-timeout", "1")
     try:
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as client:
             before = await health(client, srv.url)
             with trio.fail_after(90):
-                async with client.stream(
-                    "POST", f"{srv.url}/v1/chat/completions", json=chat_body(PROMPTS[0], HOLDING_TOKENS)
-                ) as long:
-                    assert long.status_code == 200
-                    lines = long.aiter_lines()
-                    async for line in lines:  # the slot is held: a token has come
-                        if content_of(line):
-                            break
+                async with holding_the_slot(client, srv.url) as lines:
                     start = trio.current_time()
                     second = await stream_chat(client, srv.url, PROMPTS[1])
                     waited = trio.current_time() - start
                     check_429(second, "second request")
                     assert second.body["error"]["code"] == "queue_timeout", second.body
                     assert 0.9 <= waited <= 6, f"429 after {waited:.2f}s, the timeout is 1s"
-                    # the long one is still streaming, untouched by the refusal
-                    async for line in lines:
-                        if line.startswith("data: "):
-                            assert '"error"' not in line, line
-                            break
+                    await still_streaming(lines)  # untouched by the refusal
                 # leaving the long stream early: its slot comes back
                 after = await wait_idle(client, srv.url, 10)
             print(f"\nqueue timeout: 429 after {waited:.2f}s; /health {after}")
@@ -469,22 +481,12 @@ async def test_client_leaving_while_queued_is_counted() -> None:
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as client:
             before = await health(client, srv.url)
             with trio.fail_after(90):
-                async with client.stream(
-                    "POST", f"{srv.url}/v1/chat/completions", json=chat_body(PROMPTS[0], HOLDING_TOKENS)
-                ) as long:
-                    assert long.status_code == 200
-                    lines = long.aiter_lines()
-                    async for line in lines:  # the slot is held: a token has come
-                        if content_of(line):
-                            break
+                async with holding_the_slot(client, srv.url) as lines:
                     with trio.move_on_after(1.0):  # queued behind it, then the client leaves
                         await stream_chat(client, srv.url, PROMPTS[1])
                     while (await health(client, srv.url))["queued"]:
                         await trio.sleep(0.05)
-                    async for line in lines:  # the long one still streams
-                        if line.startswith("data: "):
-                            assert '"error"' not in line, line
-                            break
+                    await still_streaming(lines)
                 after = await wait_idle(client, srv.url, 10)
             # two left: the queued one, and the long stream, closed before its end
             assert delta(before, after, "cancelled") == 2, (before, after)
