@@ -14,6 +14,7 @@ from colibri.model.kernels.quant_matmul import (
     KIND_Q8,
     dequantize_row,
     make_weight,
+    packed_nbytes,
     qmatmul,
 )
 from colibri.store.quant import BLOCK_GEOMETRY, SUPPORTED, GGMLType, dequantize, quantize
@@ -86,6 +87,18 @@ def test_stacked_q4_0_and_q4_1_equals_concatenation():
     ref = np.concatenate([w0, w1])
     for t in T_ROWS:
         check_matmul(rng.standard_normal((t, 96)).astype(np.float32), weight, ref)
+
+
+@pytest.mark.parametrize("types", [("Q4_0", "Q4_1"), ("Q8_0",), ("Q8_0", "Q4_1"), ("F16",)])
+def test_packed_nbytes_is_what_make_weight_allocates(types: tuple[str, ...]):
+    """The expert store budgets experts from their shapes alone, before packing them."""
+    rng = np.random.default_rng(8)
+    rows = (33, 40)[: len(types)]
+    gtypes = [GGMLType[t] for t in types]
+    parts = [(quantized(rng, n, 64, t)[0], int(t)) for n, t in zip(rows, gtypes, strict=True)]
+    w = make_weight(parts, 64)
+    allocated = w.q.nbytes + w.d.nbytes + w.m.nbytes + w.f.nbytes
+    assert packed_nbytes([(raw.shape[0], t) for raw, t in parts], 64) == allocated
 
 
 def test_mixed_q8_and_q4_stack_widens_to_float32():

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from colibri.model.kernels.quant_matmul import Weight, make_weight
+from colibri.model.kernels.quant_matmul import Weight, make_weight, packed_nbytes
 from colibri.store.gguf import GGUFError, GGUFFile
 
 TIER_DISK, TIER_RAM = 0, 1  # EMAP's 2-bit tier codes (2 would be VRAM: no GPU here)
@@ -63,10 +63,6 @@ class StoreCounters(NamedTuple):
     missed_bytes: int  # file bytes those misses read
     t_disk: float  # seconds packing misses (page faults included)
     t_compute: float  # seconds in the experts' matmuls
-
-
-def weight_nbytes(w: Weight) -> int:
-    return w.q.nbytes + w.d.nbytes + w.m.nbytes + w.f.nbytes
 
 
 class ExpertStore:
@@ -107,7 +103,7 @@ class ExpertStore:
         self._t_disk = self._t_compute = 0.0
         # Sizes per layer: a file may mix block types across layers (budget accounting must not
         # assume layer 0's everywhere).
-        self._nbytes = {layer: self._measure_packed(layer) for layer in self.layers}
+        self._nbytes = {layer: self._packed_nbytes(layer) for layer in self.layers}
         self._file_bytes = {
             layer: sum(self._slice_bytes(name) for name in self._tensors[layer]) for layer in self.layers
         }
@@ -266,9 +262,11 @@ class ExpertStore:
             (layer, _), _ = self._recent.popitem(last=False)
             self._recent_bytes -= self._nbytes[layer]
 
-    def _measure_packed(self, layer: int) -> int:
-        w = self._pack(layer, 0)
-        return weight_nbytes(w.gate_up) + weight_nbytes(w.down)
+    def _packed_nbytes(self, layer: int) -> int:
+        """An expert's packed size, from the shapes alone (nothing read from the file)."""
+        infos = [self.gguf.tensors[name] for name in self._tensors[layer]]
+        rows = [(info.shape[1], int(info.gtype)) for info in infos]
+        return packed_nbytes(rows[:2], infos[0].shape[0]) + packed_nbytes(rows[2:], infos[2].shape[0])
 
     def _pack(self, layer: int, expert: int) -> ExpertWeights:
         if not 0 <= expert < self.n_experts or layer not in self._tensors:

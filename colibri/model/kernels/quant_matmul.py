@@ -77,14 +77,27 @@ _EMPTY_S = np.zeros((0, 0, 0), np.float32)
 _EMPTY_F = np.zeros((0, 0), np.float32)
 
 
+def _packed_kind(types: list[int]) -> int:
+    kinds = {KIND_Q8 if t == T_Q8_0 else KIND_Q4 if t in (T_Q4_0, T_Q4_1) else KIND_F32 for t in types}
+    return kinds.pop() if len(kinds) == 1 else KIND_F32
+
+
+def packed_nbytes(parts: list[tuple[int, int]], n_cols: int) -> int:
+    """Bytes ``make_weight`` will allocate for parts of (rows, block type), without reading them:
+    the expert store budgets experts it has not packed yet."""
+    kind, n_rows = _packed_kind([t for _, t in parts]), sum(rows for rows, _ in parts)
+    if kind == KIND_F32:
+        return n_rows * n_cols * 4
+    per = 16 if kind == KIND_Q4 else 32  # quant bytes per block per row, then float32 d and m
+    return -(-n_rows // GROUP) * GROUP * (n_cols // 32) * (per + 8)
+
+
 def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int) -> Weight:
     """One matrix from the raw GGUF rows of one or more tensors stacked by rows (q, k and v
     become one matmul). Q4_0 and Q4_1 pack to Q4, Q8_0 to Q8; anything else, or a mix of
     kinds, is widened to float32."""
-    kinds = {KIND_Q8 if t == T_Q8_0 else KIND_Q4 if t in (T_Q4_0, T_Q4_1) else KIND_F32 for _, t in parts}
-    n_rows = sum(raw.shape[0] for raw, _ in parts)
-    if len(kinds) == 1 and KIND_F32 not in kinds:
-        kind = kinds.pop()
+    kind, n_rows = _packed_kind([t for _, t in parts]), sum(raw.shape[0] for raw, _ in parts)
+    if kind != KIND_F32:
         groups, n_blocks = -(-n_rows // GROUP), n_cols // 32
         q = np.zeros((groups, n_blocks, 16 if kind == KIND_Q4 else 32, GROUP), np.uint8)
         d = np.zeros((groups, n_blocks, GROUP), np.float32)
