@@ -248,24 +248,24 @@ class MoEFFN:
         self.shared_gate = shared_gate if shared_gate is not None else np.zeros(0, np.float32)
         store.register_predictor(layer, self.predict)
 
-    def predict(self, h: np.ndarray) -> np.ndarray:
-        """The distinct experts this layer would route the rows of ``h`` to: applied to the
-        previous layer's input, a guess good enough to read the experts ahead."""
+    def select(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's experts ``ids[t, :k]`` (best first) and their weights."""
         logits = np.empty((h.shape[0], self.router.shape[0]), np.float32)
         router_logits(h, self.router, logits)
         ids = np.empty((h.shape[0], self.rule.k), np.int64)
         weights = np.empty((h.shape[0], self.rule.k), np.float32)
         route(logits, self.bias, self.rule, ids, weights)
-        return np.unique(ids)
+        return ids, weights
+
+    def predict(self, h: np.ndarray) -> np.ndarray:
+        """The distinct experts this layer would route the rows of ``h`` to: applied to the
+        previous layer's input, a guess good enough to read the experts ahead."""
+        return np.unique(self.select(h)[0])
 
     def __call__(self, h: np.ndarray, n_direct: int) -> np.ndarray:
         """The FFN output for every row of ``h`` (the normed hidden state)."""
         t_rows, k = h.shape[0], self.rule.k
-        logits = np.empty((t_rows, self.router.shape[0]), np.float32)
-        router_logits(h, self.router, logits)
-        ids = np.empty((t_rows, k), np.int64)
-        weights = np.empty((t_rows, k), np.float32)
-        route(logits, self.bias, self.rule, ids, weights)
+        ids, weights = self.select(h)
         experts, starts, rows, ranks = by_expert(ids, self.router.shape[0])
         self.store.note_routing(self.layer, experts)
         self.store.prefetch_next(self.layer, h)  # the next MoE layer's likely experts, read ahead
