@@ -39,10 +39,11 @@ class Decoder:
     def is_moe(self, gguf: GGUFFile, hp: HParams, layer: int) -> bool:
         return f"blk.{layer}.ffn_gate_inp.weight" in gguf.tensors
 
-    def __init__(self, gguf: GGUFFile, hp: HParams) -> None:
+    def __init__(self, gguf: GGUFFile, hp: HParams, ram_budget: int | None = None) -> None:
+        """``ram_budget``: bytes the expert store's resident copies may take (None: no limit)."""
         self.hp = hp
         self.embedding = Embedding(gguf, hp.n_embd, hp.norm_eps)
-        self.experts = ExpertStore(gguf, hp)
+        self.experts = ExpertStore(gguf, hp, ram_budget)
         rule = routing(hp, self.GATING, norm=self.NORM_TOPK)
         self.attn, self.ffn_norm, self.ffn, self.moe = [], [], [], []
         for i in range(hp.n_layers):

@@ -36,10 +36,7 @@ class Model:
                 f"{path}: architecture {self.hp.arch!r} is not supported "
                 f"(supported: {', '.join(sorted(ARCHITECTURES))})"
             )
-        self.net = arch(self.gguf, self.hp)
-        experts = getattr(self.net, "experts", None)
-        if experts is not None:
-            experts.set_budget(ram_budget)
+        self.net = arch(self.gguf, self.hp, ram_budget)
 
     @cached_property
     def tokenizer(self) -> GGUFTokenizer:

@@ -172,11 +172,6 @@ class ExpertStore:
 
     # -- tiers -------------------------------------------------------------------------------------
 
-    def set_budget(self, ram_budget: int | None) -> None:
-        """Bytes the resident copies may take (None: no limit); recent copies over it are dropped."""
-        self.budget = ram_budget
-        self._trim_recent()
-
     def pin_hottest(self, heat: np.ndarray | None) -> int:
         """Load ``heat`` (from ``.coli_usage``; None keeps the current one) and make the hottest
         experts resident, up to PIN_SHARE of the budget (no limit: every expert with heat). Returns
