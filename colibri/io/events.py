@@ -75,6 +75,11 @@ class Data:
     text: bytes  # UTF-8: whole characters (the detokenizer never splits one)
 
 
+# TOPK lines carry five candidates (serve_protocol.md): the engine sends that many, and it is the
+# most ``top_logprobs`` an HTTP client can ask for.
+TOPK_CANDIDATES = 5
+
+
 @dataclass(frozen=True)
 class TopK:
     id: int
