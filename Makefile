@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL_STAMP := $(VENV)/.model-installed
+PEER_STAMP := $(VENV)/.peer-installed
 # llama.cpp as the benchmark peer: the default native build crashes in its AMX path on these
 # machines (see tests/data/golden/README.md).
 PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
@@ -32,15 +33,24 @@ $(MODEL_STAMP): | $(VENV)/bin/python
 serve: install
 	$(BIN)/coli serve
 
-test: install
-	$(BIN)/ruff check colibri tests bench
+# The tests compare against llama.cpp (the converter's names and routing, the golden outputs), so
+# its set-up installs the peer too: pip builds it once (~3 min on 2 cores) and caches the wheel.
+test: install $(PEER_STAMP)
+	$(BIN)/ruff check colibri tests bench tools fuzz
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 lint: install
-	$(BIN)/ruff check colibri tests bench
+	$(BIN)/ruff check colibri tests bench tools fuzz
+	$(BIN)/lint-imports
 
-peer: install
-	CMAKE_ARGS="$(PEER_CMAKE_ARGS)" $(BIN)/pip install -q '.[peer]'
+peer: install $(PEER_STAMP)
+	@:
+
+# Editable, as `install` has it: a plain '.[peer]' would replace the editable colibri with a copy.
+$(PEER_STAMP): $(STAMP)
+	CMAKE_ARGS="$(PEER_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[peer]'
+	@touch $@
 
 bench: install
 	$(BIN)/python bench/bench_forward.py

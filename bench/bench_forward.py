@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri.model.generate import Sequence
+from colibri.model.generate import SingleSequence
 from colibri.model.loader import Model
 from colibri.settings import default_model_path
 
@@ -29,14 +29,14 @@ def random_prompt(n: int, n_vocab: int) -> list[int]:
 
 
 def colibri_prefill(model: Model, prompt: list[int]) -> float:
-    seq = Sequence(model.net, len(prompt) + 8, len(prompt))
+    seq = SingleSequence(model, len(prompt) + 8, len(prompt))
     start = time.perf_counter()
     seq.prefill(prompt)
     return len(prompt) / (time.perf_counter() - start)
 
 
 def colibri_decode(model: Model, n: int) -> float:
-    seq = Sequence(model.net, n + 64, 512)
+    seq = SingleSequence(model, n + 64, 512)
     logits = seq.prefill(random_prompt(16, model.hp.n_vocab))[-1]
     start = time.perf_counter()
     for _ in range(n):

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri.model.generate import Sequence
+from colibri.model.generate import SingleSequence
 from colibri.model.loader import Model
 from colibri.model.sampling import Sampler, SamplingParams
-from colibri.store.experts import budget_bytes
+from colibri.settings import gb_to_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_GGUF = Path.home() / ".cache" / "colibri" / "bench" / "synthetic-moe.gguf"
@@ -69,7 +69,7 @@ def drop_cache(path: Path) -> None:
 
 def disk_bandwidth(path: Path, model: Model) -> float:
     """Bytes/s of random expert-slice reads from the cold file."""
-    store = model.net.experts
+    store = model.decoder.experts
     rng = np.random.default_rng(0)
     spans = []
     for _ in range(DISK_PROBES):
@@ -106,7 +106,7 @@ def dense_bytes_per_token(model: Model) -> int:
 
 
 def decode(model: Model, tokens: int) -> tuple[list[int], float]:
-    seq = Sequence(model.net, len(PROMPT) + tokens + 8, 64)
+    seq = SingleSequence(model, len(PROMPT) + tokens + 8, 64)
     sampler = Sampler(SamplingParams(temperature=1.0, seed=SAMPLING_SEED))
     out: list[int] = []
     logits = seq.prefill(PROMPT)[-1]
@@ -130,7 +130,7 @@ def disk_read_bytes() -> int:
 def run_way(path: Path, way: str, budget: int | None, heat: np.ndarray | None, tokens: int) -> dict:
     gc.collect()  # earlier runs' models (reference cycles) would keep their pages mapped, so cached
     model = Model(path, ram_budget=budget)
-    store = model.net.experts
+    store = model.decoder.experts
     store.prefetch_enabled = way == "store"
     pinning = way in ("store", "no-ahead")
     model.gguf.advise_dontneed()
@@ -162,10 +162,10 @@ def main() -> None:
         args.gguf.parent.mkdir(parents=True, exist_ok=True)
         print(f"writing {args.gguf} ...", flush=True)
         load_tool().write_synthetic_moe(args.gguf)
-    budget = budget_bytes(args.budget_gb)
+    budget = gb_to_bytes(args.budget_gb)
 
     probe = Model(args.gguf, ram_budget=None)
-    store = probe.net.experts
+    store = probe.decoder.experts
     expert_gb = len(store.layers) * store.n_experts * store.expert_file_bytes / (1 << 30)
     disk_bw, ram_bw = disk_bandwidth(args.gguf, probe), ram_bandwidth()
     print(f"model {args.gguf.name}: {len(store.layers)} MoE layers x {store.n_experts} experts, "
@@ -173,7 +173,7 @@ def main() -> None:
           f"({expert_gb / max(args.budget_gb, 1e-9):.1f}x smaller)")
     print(f"measured: disk {disk_bw / 1e9:.2f} GB/s (random expert reads, cold), RAM {ram_bw / 1e9:.1f} GB/s")
 
-    warm = Sequence(probe.net, len(WARMUP_PROMPT) + WARMUP_TOKENS + 8, 64)
+    warm = SingleSequence(probe, len(WARMUP_PROMPT) + WARMUP_TOKENS + 8, 64)
     sampler, out = Sampler(SamplingParams(temperature=1.0, seed=SAMPLING_SEED + 1)), []
     logits = warm.prefill(WARMUP_PROMPT)[-1]
     for _ in range(WARMUP_TOKENS):  # the warm-up's routing heat stands in for .coli_usage

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -42,10 +41,10 @@ def _check_ids(model, ids: list[int]) -> None:
 
 
 def _sequence(model, args: argparse.Namespace):
-    from colibri.model.generate import Sequence
+    from colibri.model.generate import SingleSequence
 
     n_ctx = min(settings.resolve(args, settings.CTX), model.hp.context_length)
-    return Sequence(model.net, n_ctx, settings.resolve(args, settings.PREFILL_CHUNK))
+    return SingleSequence(model, n_ctx, settings.resolve(args, settings.PREFILL_CHUNK))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -161,14 +160,14 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
-    from colibri.sched.core import MAX_SLOTS
-    from colibri.sched.server import EngineConfig, serve
+    from colibri.sched.engine import MAX_SLOTS
+    from colibri.sched.engine_process import EngineConfig, run_engine
 
     n_slots = settings.resolve(args, settings.KV_SLOTS)
     if not 1 <= n_slots <= MAX_SLOTS:
         raise ColibriError(f"--kv-slots/KV_SLOTS must be 1..{MAX_SLOTS}, got {n_slots}")
-    ctx = settings.resolve(args, settings.ENGINE_CTX)
-    chunk = settings.resolve(args, settings.PREFILL_STEP)
+    ctx = settings.resolve(args, settings.CTX)
+    chunk = settings.resolve(args, settings.PREFILL_CHUNK)
     if ctx < 1 or chunk < 1:
         raise ColibriError("--ctx and --prefill-chunk must be positive")
     cfg = EngineConfig(
@@ -177,7 +176,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
         protocol=settings.protocol(args), topk=settings.flag_env("SERVE_TOPK"), max_tokens=args.max_tokens,
         ram_budget=settings.ram_budget(args),
     )
-    return serve(cfg)
+    return run_engine(cfg)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -194,8 +193,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
     from pathlib import Path
 
-    from colibri.api.server import ServeConfig, serve
-    from colibri.sched.core import MAX_SLOTS
+    from colibri.api.http_server import ServeConfig, run_server
+    from colibri.sched.engine import MAX_SLOTS
 
     path = settings.model_path(args)
     settings.ram_budget(args)  # a bad value fails here, not in every restart of the engine child
@@ -209,20 +208,19 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
     port = settings.resolve(args, settings.PORT)
     if not 0 <= port <= 65535:
         raise ColibriError(f"--port must be 0..65535, got {port}")
-    origins = list(args.cors_origin or [])
-    origins += [o for o in os.environ.get("COLI_CORS_ORIGINS", "").split(",") if o.strip()]
     web = settings.resolve(args, settings.WEB_DIST)
     cfg = ServeConfig(
         model_path=path, host=settings.resolve(args, settings.HOST), port=port,
         model_id=settings.resolve(args, settings.MODEL_ID) or path.name.removesuffix(".gguf"),
         api_key=settings.resolve(args, settings.API_KEY) or None, kv_slots=n_slots,
-        ctx=settings.resolve(args, settings.ENGINE_CTX), max_queue=max_queue, queue_timeout=timeout,
-        cors_origins=tuple(origins), state_dir=None if args.no_persist else settings.state_dir(args),
+        ctx=settings.resolve(args, settings.CTX), max_queue=max_queue, queue_timeout=timeout,
+        cors_origins=settings.cors_origins(args),
+        state_dir=None if args.no_persist else settings.state_dir(args),
         insecure=args.insecure, ram_budget_gb=args.ram_budget,
         web_dist=Path(web) if web else Path(__file__).resolve().parent.parent / "web" / "dist",
         open_browser=open_browser,
     )
-    return serve(cfg)
+    return run_server(cfg)
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -234,11 +232,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="coli", description="colibri: LLM inference on ordinary machines")
-    p.add_argument("--version", action="version", version=f"colibri {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _add_model_commands(sub: argparse._SubParsersAction) -> None:
+    """run, logits, tokenize: one process over the model, no engine."""
     run = sub.add_parser("run", help="generate a completion, streamed to stdout")
     settings.add(run, settings.MODEL, settings.CTX, settings.PREFILL_CHUNK, settings.RAM_BUDGET)
     run.add_argument("prompt", nargs="?", metavar="PROMPT")
@@ -269,9 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
     tokenize.add_argument("text", metavar="TEXT")
     tokenize.set_defaults(func=cmd_tokenize)
 
+
+
+def _add_engine_commands(sub: argparse._SubParsersAction) -> None:
+    """engine and chat: the engine process, and the terminal client of its legacy protocol."""
     engine = sub.add_parser("engine", help="the engine process: serve_protocol.md on stdin/stdout")
-    settings.add(engine, settings.MODEL, settings.KV_SLOTS, settings.ENGINE_CTX, settings.STATE_DIR,
-                 settings.PREFILL_STEP, settings.RAM_BUDGET)
+    settings.add(engine, settings.MODEL, settings.KV_SLOTS, settings.CTX, settings.STATE_DIR,
+                 settings.PREFILL_CHUNK, settings.RAM_BUDGET)
     engine.add_argument("--protocol", choices=("mux", "legacy"),
                         help="default: mux (SERVE_BATCH=1); legacy with SERVE=1 alone")
     engine.add_argument("--no-persist", action="store_true", help="keep slots in memory only")
@@ -279,23 +278,30 @@ def build_parser() -> argparse.ArgumentParser:
     engine.set_defaults(func=cmd_engine)
 
     chat = sub.add_parser("chat", help="chat in the terminal (/reset, /more, Ctrl-C stops an answer)")
-    settings.add(chat, settings.MODEL, settings.ENGINE_CTX, settings.STATE_DIR, settings.RAM_BUDGET)
+    settings.add(chat, settings.MODEL, settings.CTX, settings.STATE_DIR, settings.RAM_BUDGET)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.set_defaults(func=cmd_chat)
 
+
+def _add_server_commands(sub: argparse._SubParsersAction) -> None:
+    """serve and web: the HTTP server (web also opens the browser)."""
     for name, helptext in (("serve", "the OpenAI-compatible HTTP server"),
                            ("web", "coli serve, then open the web console in the browser")):
         srv = sub.add_parser(name, help=helptext)
         settings.add(srv, settings.MODEL, settings.HOST, settings.PORT, settings.MODEL_ID, settings.API_KEY,
-                     settings.SERVE_SLOTS, settings.MAX_QUEUE, settings.QUEUE_TIMEOUT, settings.ENGINE_CTX,
+                     settings.SERVE_SLOTS, settings.MAX_QUEUE, settings.QUEUE_TIMEOUT, settings.CTX,
                      settings.STATE_DIR, settings.WEB_DIST, settings.RAM_BUDGET)
-        srv.add_argument("--cors-origin", action="append", metavar="ORIGIN",
-                         help="also allow this browser origin (repeatable; '*' for any) [COLI_CORS_ORIGINS]")
+        cors = settings.CORS_ORIGINS
+        srv.add_argument(cors.flag, dest=cors.name, action="append", metavar="ORIGIN",
+                         help=f"{cors.help} [{cors.env}]")
         srv.add_argument("--insecure", action="store_true",
                          help="allow a non-loopback bind without an API key")
         srv.add_argument("--no-persist", action="store_true", help="keep slots in memory only")
         srv.set_defaults(func=cmd_serve if name == "serve" else partial(cmd_serve, open_browser=True))
 
+
+def _add_file_commands(sub: argparse._SubParsersAction) -> None:
+    """convert and info: model files, written and described."""
     from colibri.convert import DEFAULT_TYPE, TYPE_NAMES  # constants only: gguf is imported on use
 
     convert = sub.add_parser("convert", help="a Hugging Face checkpoint (safetensors) to GGUF")
@@ -309,6 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="architecture, sizes, block types")
     settings.add(info, settings.MODEL)
     info.set_defaults(func=cmd_info)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coli", description="colibri: LLM inference on ordinary machines")
+    p.add_argument("--version", action="version", version=f"colibri {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_model_commands(sub)
+    _add_engine_commands(sub)
+    _add_server_commands(sub)
+    _add_file_commands(sub)
     return p
 
 

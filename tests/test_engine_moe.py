@@ -36,7 +36,7 @@ def moe_gguf(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def expert_nbytes(moe_gguf: Path) -> int:
-    return Model(moe_gguf, ram_budget=None).net.experts.expert_nbytes
+    return Model(moe_gguf, ram_budget=None).decoder.experts.expert_nbytes
 
 
 def tiers_of(events: list) -> tuple[Tiers, ExpertMap]:
@@ -112,7 +112,7 @@ async def test_usage_survives_restart_and_decides_the_pinning(nursery, tmp_path:
     budget_experts = 4
     budget_gb = repr(budget_experts * expert_nbytes / (1 << 30))
     pinned = int(budget_experts * expert_nbytes * PIN_SHARE) // expert_nbytes
-    model_fp = persist.model_fingerprint(Model(moe_gguf, ram_budget=0).gguf)
+    model_fp = Model(moe_gguf, ram_budget=0).gguf.fingerprint()
 
     tiers, grid, _ = await handshake_emap(nursery, moe_gguf, tmp_path, budget_gb)
     assert tiers.ram_experts == 0 and not (grid >> 6).any() and not (grid & 63).any()  # cold start

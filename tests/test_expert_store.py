@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from colibri.model.generate import Sequence
+from colibri.model.generate import SingleSequence
 from colibri.model.loader import Model
 from colibri.model.sampling import Sampler, SamplingParams
 from colibri.store.experts import HEAT_BUCKET_MAX, PIN_SHARE, TIER_DISK, TIER_RAM, ExpertStore
@@ -38,7 +38,7 @@ def moe_path(tmp_path_factory) -> Path:
 
 
 def greedy(model: Model) -> list[int]:
-    seq = Sequence(model.net, 64, 16)
+    seq = SingleSequence(model, 64, 16)
     sampler = Sampler(SamplingParams(temperature=0.0))
     return list(seq.generate(PROMPT, sampler, N_TOKENS, frozenset()))
 
@@ -51,7 +51,7 @@ def test_budget_changes_residency_never_tokens(moe_path: Path):
     unlimited = open_with_budget(moe_path, None)
     reference = greedy(unlimited)
     assert len(reference) == N_TOKENS
-    store = unlimited.net.experts
+    store = unlimited.decoder.experts
     ram, disk, resident = store.tier_counts()
     assert ram > 0 and ram + disk == N_LAYERS * N_EXPERTS
     assert resident == ram * store.expert_nbytes
@@ -63,7 +63,7 @@ def test_budget_changes_residency_never_tokens(moe_path: Path):
 
     zero = open_with_budget(moe_path, 0)
     assert greedy(zero) == reference
-    z = zero.net.experts
+    z = zero.decoder.experts
     assert z.tier_counts() == (0, N_LAYERS * N_EXPERTS, 0)
     c = z.counters()
     assert c.hits == 0 and c.misses > 0 and c.missed_bytes == c.misses * z.expert_file_bytes
@@ -71,21 +71,21 @@ def test_budget_changes_residency_never_tokens(moe_path: Path):
     small_budget = 3 * z.expert_nbytes
     small = open_with_budget(moe_path, small_budget)
     assert greedy(small) == reference
-    ram, _, resident = small.net.experts.tier_counts()
+    ram, _, resident = small.decoder.experts.tier_counts()
     assert 0 < ram <= 3 and resident <= small_budget
 
 
 def test_heat_pins_the_hottest_within_the_budget(moe_path: Path):
     model = open_with_budget(moe_path, None)
     greedy(model)
-    heat = model.net.experts.heat.copy()
+    heat = model.decoder.experts.heat.copy()
     assert heat.shape == (N_LAYERS, N_EXPERTS)
     # every step routes each MoE layer to between 1 and N_USED * rows experts
     assert (heat.sum(axis=1) > 0).all()
 
-    budget = 8 * model.net.experts.expert_nbytes
+    budget = 8 * model.decoder.experts.expert_nbytes
     fresh = open_with_budget(moe_path, budget)
-    store: ExpertStore = fresh.net.experts
+    store: ExpertStore = fresh.decoder.experts
     pinned = store.pin_hottest(heat)
     assert pinned == int(budget * PIN_SHARE) // store.expert_nbytes
     hottest = np.argsort(-heat, axis=None, kind="stable")[:pinned]
@@ -107,7 +107,7 @@ def test_heat_pins_the_hottest_within_the_budget(moe_path: Path):
 
 def test_hits_bitmap_reports_routed_experts_once(moe_path: Path):
     model = open_with_budget(moe_path, 0)
-    store = model.net.experts
+    store = model.decoder.experts
     greedy(model)
     bits = np.unpackbits(np.frombuffer(store.take_hits(), np.uint8), bitorder="little")
     routed = bits[: N_LAYERS * N_EXPERTS].reshape(N_LAYERS, N_EXPERTS).astype(bool)
@@ -117,7 +117,7 @@ def test_hits_bitmap_reports_routed_experts_once(moe_path: Path):
 
 def test_prefetch_skips_resident_and_reads_ahead(moe_path: Path):
     model = open_with_budget(moe_path, None)
-    store = model.net.experts
+    store = model.decoder.experts
     store.prefetch(store.layers[0], np.arange(N_EXPERTS))  # nothing resident yet: only advice
     assert store.tier_counts()[0] == 0
     greedy(model)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from colibri.settings import default_model_path
+from colibri.store.formats import GGMLType, quantize
 from colibri.store.gguf import GGUFError, GGUFFile
-from colibri.store.quant import GGMLType, quantize
 
 ALIGN = 32
 

@@ -7,7 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from colibri.model.generate import Sequence
+from colibri.model.generate import SingleSequence
 from colibri.model.sampling import Sampler, SamplingParams
 
 # llama.cpp multiplies against 8-bit activations, we keep float32: near-ties may flip.
@@ -40,7 +40,7 @@ def teacher_forced(golden, model):
     out = []
     for gen in golden["generations"]:
         seq = gen["prompt_ids"] + gen["greedy_ids"]
-        logits = Sequence(model.net, 1024, 512).prefill(seq, all_logits=True)
+        logits = SingleSequence(model, 1024, 512).prefill(seq, all_logits=True)
         out.append((gen, logits))
     return out
 
@@ -77,7 +77,7 @@ def test_greedy_matches_until_first_near_tie(golden, model):
         gaps = [e["logits"][0] - e["logits"][1] for e in gen["top10"]]
         n_sure = next((i for i, g in enumerate(gaps) if g < NEAR_TIE), len(gaps))
         n_sure = min(n_sure, len(gen["greedy_ids"]))
-        seq = Sequence(model.net, 1024, 512)
+        seq = SingleSequence(model, 1024, 512)
         ours = list(seq.generate(gen["prompt_ids"], Sampler(SamplingParams()), n_sure, stop))
         assert ours[:n_sure] == gen["greedy_ids"][:n_sure], gen["prompt"][-40:]
 
@@ -85,8 +85,8 @@ def test_greedy_matches_until_first_near_tie(golden, model):
 def test_chunked_prefill_equals_one_batch(golden, model):
     """Prefill split in chunks of 7, and token by token, gives the logits of a single batch."""
     ids = golden["generations"][3]["prompt_ids"]
-    whole = Sequence(model.net, 256, 512).prefill(ids, all_logits=True)
-    chunked = Sequence(model.net, 256, 7).prefill(ids, all_logits=True)
-    single = Sequence(model.net, 256, 1).prefill(ids, all_logits=True)
+    whole = SingleSequence(model, 256, 512).prefill(ids, all_logits=True)
+    chunked = SingleSequence(model, 256, 7).prefill(ids, all_logits=True)
+    single = SingleSequence(model, 256, 1).prefill(ids, all_logits=True)
     np.testing.assert_allclose(chunked, whole, atol=2e-3, rtol=1e-4)
     np.testing.assert_allclose(single, whole, atol=2e-3, rtol=1e-4)

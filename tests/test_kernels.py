@@ -8,16 +8,9 @@ import pytest
 
 from colibri.model.kernels.attention import attend, store_kv
 from colibri.model.kernels.ops import add_into, rmsnorm, rope, rope_frequencies, swiglu
-from colibri.model.kernels.quant_matmul import (
-    KIND_F32,
-    KIND_Q4,
-    KIND_Q8,
-    dequantize_row,
-    make_weight,
-    packed_nbytes,
-    qmatmul,
-)
-from colibri.store.quant import BLOCK_GEOMETRY, SUPPORTED, GGMLType, dequantize, quantize
+from colibri.model.kernels.quant_matmul import qmatmul
+from colibri.store.formats import BLOCK_GEOMETRY, SUPPORTED, GGMLType, dequantize, quantize
+from colibri.store.packed import KIND_F32, KIND_Q4, KIND_Q8, dequantize_row, make_weight, packed_nbytes
 
 TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1]
 

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from colibri.convert.writer import convert
-from colibri.model.generate import Sequence
+from colibri.model.generate import SingleSequence
 from colibri.model.kv_cache import KVCache
 from colibri.model.loader import Model
-from colibri.model.moe import GATING_SIGMOID, GATING_SOFTMAX, Routing, by_expert, route
+from colibri.model.network.moe import GATING_SIGMOID, GATING_SOFTMAX, Routing, by_expert, route
 
 DATA = Path(__file__).parent / "data" / "tiny_hf"
 MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe", "glm4moe"]
@@ -91,7 +91,7 @@ def ids_arg(ids: list[int]) -> str:
 
 def greedy(model: Model, prompt: list[int], n: int) -> list[int]:
     """n greedy tokens: a prompt prefill, then one decode step per token (as ``coli run``)."""
-    seq = Sequence(model.net, 256, 512)
+    seq = SingleSequence(model, 256, 512)
     logits = seq.prefill(prompt)[-1]
     out = []
     for _ in range(n):
@@ -111,7 +111,7 @@ def test_architecture_and_experts(arch, model_of):
     if arch in MOE_ARCHS:
         config = json.loads((DATA / arch / "config.json").read_text())
         assert model.hp.n_expert_used == config["num_experts_per_tok"]
-        store = model.net.experts
+        store = model.decoder.experts
         assert store.n_experts == model.hp.n_expert > 0 and store.n_used == model.hp.n_expert_used
         assert store.layers  # glm4moe's first layer is dense, the others have experts
         w = store.get(store.layers[0], store.n_experts - 1)
@@ -125,7 +125,7 @@ def test_f32_logits_match_transformers(arch, model_of):
     """Every logit of one pass over prompt + continuation, in prompt chunks of 5 (so that later
     chunks attend to cached keys), within MAX_ABS_DIFF of transformers'."""
     ref = Reference(arch)
-    ours = Sequence(model_of(arch, "f32").net, 256, 5).prefill(ref.sequence, all_logits=True)
+    ours = SingleSequence(model_of(arch, "f32"), 256, 5).prefill(ref.sequence, all_logits=True)
     assert ours.shape == ref.full_logits.shape
     diff = float(np.abs(ours - ref.full_logits).max())
     assert diff <= MAX_ABS_DIFF, f"{arch}: max abs logit difference {diff:.2e}"
@@ -171,7 +171,7 @@ def test_cli_logits_and_run(arch, gguf_of):
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_quantized_top1_agreement(arch, type_name, model_of):
     ref = Reference(arch)
-    ours = Sequence(model_of(arch, type_name).net, 256, 512).prefill(ref.sequence, all_logits=True)
+    ours = SingleSequence(model_of(arch, type_name), 256, 512).prefill(ref.sequence, all_logits=True)
     agreement = float(np.mean(ours.argmax(-1) == ref.full_logits.argmax(-1)))
     assert agreement >= MIN_TOP1_AGREEMENT, f"{arch} {type_name}: top-1 agreement {agreement:.2f}"
 
@@ -184,7 +184,7 @@ def prefilled(model: Model, prompts: list[list[int]]) -> KVCache:
     kv = KVCache(model.hp, len(prompts), 64)
     for s, p in enumerate(prompts):
         n = len(p)
-        model.net.forward(np.array(p, np.int64), np.full(n, s), np.arange(n), kv, np.array([n - 1]), 0)
+        model.forward(np.array(p, np.int64), np.full(n, s), np.arange(n), kv, np.array([n - 1]), 0)
     return kv
 
 
@@ -204,17 +204,17 @@ def test_decode_rows_bitwise_equal_alone_or_batched(arch, type_name, model_of):
 
     kv = prefilled(model, prompts)
     alone = np.concatenate([
-        model.net.forward(tokens[s : s + 1], np.array([s]), positions[s : s + 1], kv, np.array([0]), 1)
+        model.forward(tokens[s : s + 1], np.array([s]), positions[s : s + 1], kv, np.array([0]), 1)
         for s in range(n)
     ])
     kv = prefilled(model, prompts)
-    batched = model.net.forward(tokens, np.arange(n), positions, kv, np.arange(n), n)
+    batched = model.forward(tokens, np.arange(n), positions, kv, np.arange(n), n)
     assert np.array_equal(batched, alone)
 
     # The engine's mixed step: the decode rows first, then a prompt chunk of one more slot.
     kv = prefilled(model, [*prompts, [1]])
     chunk = rng.integers(3, model.hp.n_vocab, 6).astype(np.int64)
-    mixed = model.net.forward(
+    mixed = model.forward(
         np.concatenate([tokens, chunk]), np.array([*range(n), *[n] * len(chunk)]),
         np.concatenate([positions, np.arange(1, len(chunk) + 1)]), kv, np.arange(n), n,
     )

@@ -24,7 +24,6 @@ from colibri.sched.persist import (
     layout_fingerprint,
     load_slot,
     load_usage,
-    model_fingerprint,
     remove_stale_temps,
     save_slot,
     save_usage,
@@ -386,7 +385,7 @@ def test_model_fingerprint_covers_header_and_size_not_weights(tmp_path):
     def fp(name: str, weight: float = 1.0) -> bytes:
         g = GGUFFile(write_gguf(tmp_path / f"{name}-{weight}.gguf", name, weight))
         try:
-            return model_fingerprint(g)
+            return g.fingerprint()
         finally:
             g.close()
 
@@ -398,7 +397,7 @@ def test_model_fingerprint_covers_header_and_size_not_weights(tmp_path):
     with open(path, "ab") as f:
         f.write(b"\0" * 32)
     g = GGUFFile(path)
-    assert model_fingerprint(g) != a  # the size is part of it
+    assert g.fingerprint() != a  # the size is part of it
     g.close()
 
 

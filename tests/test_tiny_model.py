@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import pytest
 
-from colibri.model.generate import Sequence
+from colibri.model.generate import SingleSequence
 from colibri.model.loader import Model
 from colibri.model.sampling import Sampler, SamplingParams
 
@@ -132,8 +132,8 @@ def test_logits_match_float64_reference(models, files, gtype):
     4-bit files agree to float32 rounding."""
     m = models[gtype]
     ref = reference_logits(reference_weights(files[gtype]), PROMPT, 2, 4, 2)
-    whole = Sequence(m.net, 256, 64).prefill(PROMPT, all_logits=True)
-    chunked = Sequence(m.net, 256, 5).prefill(PROMPT, all_logits=True)
+    whole = SingleSequence(m, 256, 64).prefill(PROMPT, all_logits=True)
+    chunked = SingleSequence(m, 256, 5).prefill(PROMPT, all_logits=True)
     assert whole.shape == ref.shape == (len(PROMPT), m.hp.n_vocab)
     assert np.abs(whole - ref).max() < 1e-3, np.abs(whole - ref).max()
     assert np.abs(chunked - ref).max() < 1e-3, np.abs(chunked - ref).max()
@@ -144,7 +144,7 @@ def test_logits_match_float64_reference(models, files, gtype):
 def test_greedy_generation_varies(models, gtype):
     m = models[gtype]
     prompt = m.tokenizer.encode(m.chat_template.render([{"role": "user", "content": "hello"}]), special=True)
-    out = list(Sequence(m.net, 256, 64).generate(prompt, Sampler(SamplingParams()), 8, frozenset()))
+    out = list(SingleSequence(m, 256, 64).generate(prompt, Sampler(SamplingParams()), 8, frozenset()))
     assert len(out) == 8
     assert len(set(out)) > 2, out
 

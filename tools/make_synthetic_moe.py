@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
 import numpy as np
 
-from colibri.store.quant import GGMLType, quantize
+from colibri.store.formats import GGMLType, quantize
 
 Q4_0_BLOCK_BYTES = 18  # f16 scale + 16 bytes of nibbles, per 32 weights
 # The experts' scale: nibbles are uniform in 1..15 (value d*(q-8)), so d sets the output's size;
@@ -45,6 +46,107 @@ def _random_q4_0(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
+Make = Callable[[], np.ndarray]
+Q4 = gguf.GGMLQuantizationType.Q4_0
+F32 = gguf.GGMLQuantizationType.F32
+
+
+class _Weights:
+    """The tensors' random values, all from one generator: drawn in the order they are written,
+    so that the file is a function of the seed."""
+
+    def __init__(self, rng: np.random.Generator, n_vocab: int, n_embd: int, n_experts: int,
+                 router_lean: float, common_share: float):
+        self.rng, self.n_vocab, self.n_embd, self.n_experts = rng, n_vocab, n_embd, n_experts
+        self.common_share = common_share
+        self.common = rng.standard_normal(n_embd).astype(np.float32)
+        self.common /= np.linalg.norm(self.common)
+        self.lean = router_lean / np.arange(1, n_experts + 1) ** ZIPF_EXPONENT
+
+    def q4(self, rows: int, cols: int) -> Make:
+        return lambda: _random_q4_0(self.rng, rows, cols)
+
+    def experts(self, rows: int, cols: int) -> Make:
+        """[n_expert, rows, cols] as n_expert*rows raw rows; gguf-py derives the 3-D shape."""
+        return lambda: _random_q4_0(self.rng, self.n_experts * rows, cols).reshape(self.n_experts, rows, -1)
+
+    def embedding(self) -> np.ndarray:
+        n_vocab, n_embd = self.n_vocab, self.n_embd
+        table = self.rng.standard_normal((n_vocab, n_embd)).astype(np.float32) / np.sqrt(n_embd)
+        table *= 1.0 - self.common_share
+        table += self.common_share * self.common
+        return quantize(table, GGMLType.Q4_0).reshape(n_vocab, -1)
+
+    def router(self) -> np.ndarray:
+        n_experts, n_embd = self.n_experts, self.n_embd
+        rows = self.rng.standard_normal((n_experts, n_embd)).astype(np.float32) / np.sqrt(n_embd)
+        order = self.rng.permutation(n_experts)  # which experts are hot differs per layer
+        return (rows + self.lean[order][:, None] * self.common[None, :]).astype(np.float32)
+
+    def ones_ish(self) -> np.ndarray:
+        return (1.0 + 0.05 * self.rng.standard_normal(self.n_embd)).astype(np.float32)
+
+
+class _Plan:
+    """Every tensor's name, shape, type and maker, in file order: the header needs every shape
+    before the first tensor's data is made."""
+
+    def __init__(self, weights: _Weights):
+        self.weights = weights
+        self.entries: list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType, Make]] = []
+
+    def q4_matrix(self, name: str, rows: int, cols: int) -> None:
+        self.entries.append((name, (rows, cols // 32 * Q4_0_BLOCK_BYTES), Q4, self.weights.q4(rows, cols)))
+
+    def f32_tensor(self, name: str, shape: tuple[int, ...], make: Make) -> None:
+        self.entries.append((name, shape, F32, make))
+
+    def layer(self, i: int, n_embd: int, n_ff: int, q_dim: int, kv_dim: int) -> None:
+        p, w = f"blk.{i}.", self.weights
+        self.f32_tensor(p + "attn_norm.weight", (n_embd,), w.ones_ish)
+        self.q4_matrix(p + "attn_q.weight", q_dim, n_embd)
+        self.q4_matrix(p + "attn_k.weight", kv_dim, n_embd)
+        self.q4_matrix(p + "attn_v.weight", kv_dim, n_embd)
+        self.q4_matrix(p + "attn_output.weight", n_embd, q_dim)
+        self.f32_tensor(p + "ffn_norm.weight", (n_embd,), w.ones_ish)
+        self.f32_tensor(p + "ffn_gate_inp.weight", (w.n_experts, n_embd), w.router)
+        for part, rows, cols in (("gate", n_ff, n_embd), ("up", n_ff, n_embd), ("down", n_embd, n_ff)):
+            shape = (w.n_experts, rows, cols // 32 * Q4_0_BLOCK_BYTES)
+            self.entries.append((f"{p}ffn_{part}_exps.weight", shape, Q4, w.experts(rows, cols)))
+
+
+def _add_metadata(w: gguf.GGUFWriter, *, n_layers: int, n_experts: int, n_used: int, n_embd: int,
+                  n_ff: int, n_vocab: int, n_heads: int, n_kv_heads: int) -> None:
+    w.add_name("synthetic-moe")
+    w.add_block_count(n_layers)
+    w.add_context_length(4096)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(n_embd // n_heads)
+    w.add_expert_count(n_experts)
+    w.add_expert_used_count(n_used)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(2)  # MOSTLY_Q4_0
+
+
+def _write_plan(w: gguf.GGUFWriter, plan: _Plan) -> None:
+    """Tensor infos first, data after, one tensor at a time."""
+    for name, shape, qtype, _ in plan.entries:
+        dtype = np.uint8 if qtype == Q4 else np.float32
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        w.add_tensor_info(name, shape, np.dtype(dtype), nbytes, raw_dtype=qtype if qtype == Q4 else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for _, _, _, make in plan.entries:
+        w.write_tensor_data(np.ascontiguousarray(make()))
+    w.close()
+
+
 def write_synthetic_moe(
     path: str | Path, *, n_layers: int = 24, n_experts: int = 64, n_used: int = 4, n_embd: int = 1024,
     n_ff: int = 1024, n_vocab: int = 4096, n_heads: int = 8, n_kv_heads: int = 4, seed: int = 0,
@@ -56,79 +158,17 @@ def write_synthetic_moe(
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_heads
     w = gguf.GGUFWriter(path, "llama")
-    w.add_name("synthetic-moe")
-    w.add_block_count(n_layers)
-    w.add_context_length(4096)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_heads)
-    w.add_head_count_kv(n_kv_heads)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(head_dim)
-    w.add_expert_count(n_experts)
-    w.add_expert_used_count(n_used)
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(2)  # MOSTLY_Q4_0
-
-    q4 = gguf.GGMLQuantizationType.Q4_0
-    f32 = gguf.GGMLQuantizationType.F32
-    common = rng.standard_normal(n_embd).astype(np.float32)
-    common /= np.linalg.norm(common)
-    lean = router_lean / np.arange(1, n_experts + 1) ** ZIPF_EXPONENT
-
-    # Tensor infos first (the header needs every shape), data after, one tensor at a time.
-    plan: list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType, object]] = []
-
-    def q4_matrix(name: str, rows: int, cols: int) -> None:
-        plan.append((name, (rows, cols // 32 * Q4_0_BLOCK_BYTES), q4, lambda: _random_q4_0(rng, rows, cols)))
-
-    def f32_tensor(name: str, shape: tuple[int, ...], make) -> None:
-        plan.append((name, shape, f32, make))
-
-    def embedding() -> np.ndarray:
-        table = rng.standard_normal((n_vocab, n_embd)).astype(np.float32) / np.sqrt(n_embd)
-        table *= 1.0 - common_share
-        table += common_share * common
-        return quantize(table, GGMLType.Q4_0).reshape(n_vocab, -1)
-
-    def router() -> np.ndarray:
-        rows = rng.standard_normal((n_experts, n_embd)).astype(np.float32) / np.sqrt(n_embd)
-        order = rng.permutation(n_experts)  # which experts are hot differs per layer
-        return (rows + lean[order][:, None] * common[None, :]).astype(np.float32)
-
-    def ones_ish() -> np.ndarray:
-        return (1.0 + 0.05 * rng.standard_normal(n_embd)).astype(np.float32)
-
-    plan.append(("token_embd.weight", (n_vocab, n_embd // 32 * Q4_0_BLOCK_BYTES), q4, embedding))
-    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+    _add_metadata(w, n_layers=n_layers, n_experts=n_experts, n_used=n_used, n_embd=n_embd, n_ff=n_ff,
+                  n_vocab=n_vocab, n_heads=n_heads, n_kv_heads=n_kv_heads)
+    weights = _Weights(rng, n_vocab, n_embd, n_experts, router_lean, common_share)
+    plan = _Plan(weights)
+    plan.entries.append(
+        ("token_embd.weight", (n_vocab, n_embd // 32 * Q4_0_BLOCK_BYTES), Q4, weights.embedding))
     for i in range(n_layers):
-        p = f"blk.{i}."
-        f32_tensor(p + "attn_norm.weight", (n_embd,), ones_ish)
-        q4_matrix(p + "attn_q.weight", q_dim, n_embd)
-        q4_matrix(p + "attn_k.weight", kv_dim, n_embd)
-        q4_matrix(p + "attn_v.weight", kv_dim, n_embd)
-        q4_matrix(p + "attn_output.weight", n_embd, q_dim)
-        f32_tensor(p + "ffn_norm.weight", (n_embd,), ones_ish)
-        f32_tensor(p + "ffn_gate_inp.weight", (n_experts, n_embd), router)
-        for part, rows, cols in (("gate", n_ff, n_embd), ("up", n_ff, n_embd), ("down", n_embd, n_ff)):
-            # [n_expert, rows, cols] as n_expert*rows raw rows; gguf-py derives the 3-D shape
-            plan.append((f"{p}ffn_{part}_exps.weight", (n_experts, rows, cols // 32 * Q4_0_BLOCK_BYTES), q4,
-                         lambda rows=rows, cols=cols: _random_q4_0(rng, n_experts * rows, cols)
-                         .reshape(n_experts, rows, -1)))
-    f32_tensor("output_norm.weight", (n_embd,), ones_ish)
-    q4_matrix("output.weight", n_vocab, n_embd)
-
-    for name, shape, qtype, _ in plan:
-        dtype = np.uint8 if qtype == q4 else np.float32
-        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        w.add_tensor_info(name, shape, np.dtype(dtype), nbytes, raw_dtype=qtype if qtype == q4 else None)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for _, _, _, make in plan:
-        w.write_tensor_data(np.ascontiguousarray(make()))
-    w.close()
+        plan.layer(i, n_embd, n_ff, n_heads * head_dim, n_kv_heads * head_dim)
+    plan.f32_tensor("output_norm.weight", (n_embd,), weights.ones_ish)
+    plan.q4_matrix("output.weight", n_vocab, n_embd)
+    _write_plan(w, plan)
     return path
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from colibri.store.quant import GGMLType, quantize
+from colibri.store.formats import GGMLType, quantize
 
 TYPES: dict[str, GGMLType] = {
     "f32": GGMLType.F32,
@@ -98,6 +98,79 @@ def build_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
+def _check(gtype: str, n_embd: int, n_ff: int, n_heads: int, n_kv_heads: int) -> None:
+    """Raise ValueError for a type or shape the file cannot have."""
+    if gtype not in TYPES:
+        raise ValueError(f"type {gtype!r}: one of {', '.join(TYPES)}")
+    if n_embd % n_heads or n_heads % n_kv_heads:
+        raise ValueError("n_embd must divide by n_heads, and n_heads by n_kv_heads")
+    if (n_embd // n_heads) % 2:
+        raise ValueError("the head dimension must be even (RoPE rotates pairs)")
+    if TYPES[gtype] not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) and (n_embd % 32 or n_ff % 32):
+        raise ValueError(f"{gtype}: n_embd and n_ff must be multiples of 32 (whole blocks)")
+
+
+def _add_hyperparameters(w: gguf.GGUFWriter, *, gtype: str, n_layers: int, n_embd: int, n_ff: int,
+                         n_heads: int, n_kv_heads: int, context_length: int, n_vocab: int) -> None:
+    w.add_name("tiny-llama")
+    w.add_file_type(FILE_TYPES[gtype])
+    w.add_block_count(n_layers)
+    w.add_context_length(context_length)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(n_embd // n_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+
+
+def _add_tokenizer(w: gguf.GGUFWriter, tokens: list[str], types: list[int], merges: list[str]) -> None:
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(0)
+    w.add_pad_token_id(EOS_ID)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHAT_TEMPLATE)
+
+
+class _Tensors:
+    """Adds random tensors to a writer, drawn from one generator in the order they are added."""
+
+    def __init__(self, w: gguf.GGUFWriter, rng: np.random.Generator, qtype: GGMLType, n_embd: int):
+        self.w, self.rng, self.qtype, self.n_embd = w, rng, qtype, n_embd
+
+    def matrix(self, name: str, rows: int, cols: int, std: float | None = None) -> None:
+        """A (rows, cols) matrix (ggml shape [cols, rows]): each row is one output's weights."""
+        scale = MATRIX_GAIN / np.sqrt(cols) if std is None else std
+        values = (self.rng.standard_normal((rows, cols)) * scale).astype(np.float32)
+        # gguf-py takes raw blocks as uint8 (rows, row bytes) and derives the logical shape itself.
+        raw = quantize(values, self.qtype).reshape(rows, -1)
+        self.w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType(int(self.qtype)))
+
+    def norm(self, name: str) -> None:
+        values = 1.0 + NORM_JITTER * self.rng.standard_normal(self.n_embd)
+        self.w.add_tensor(name, values.astype(np.float32))
+
+    def layer(self, i: int, n_ff: int, q_dim: int, kv_dim: int) -> None:
+        n_embd = self.n_embd
+        self.norm(f"blk.{i}.attn_norm.weight")
+        self.matrix(f"blk.{i}.attn_q.weight", q_dim, n_embd)
+        self.matrix(f"blk.{i}.attn_k.weight", kv_dim, n_embd)
+        self.matrix(f"blk.{i}.attn_v.weight", kv_dim, n_embd)
+        self.matrix(f"blk.{i}.attn_output.weight", n_embd, q_dim)
+        self.norm(f"blk.{i}.ffn_norm.weight")
+        self.matrix(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+        self.matrix(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+        self.matrix(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
+
+
 def write_tiny_llama(
     path: str | Path,
     *,
@@ -114,72 +187,24 @@ def write_tiny_llama(
     """Write the model to ``path`` and return it. Matrices (embedding included) are stored as
     ``gtype``, norm weights as F32. Without ``tied`` the file has its own ``output.weight``."""
     path = Path(path)
-    if gtype not in TYPES:
-        raise ValueError(f"type {gtype!r}: one of {', '.join(TYPES)}")
-    qtype = TYPES[gtype]
-    if n_embd % n_heads or n_heads % n_kv_heads:
-        raise ValueError("n_embd must divide by n_heads, and n_heads by n_kv_heads")
+    _check(gtype, n_embd, n_ff, n_heads, n_kv_heads)
     head_dim = n_embd // n_heads
-    if head_dim % 2:
-        raise ValueError("the head dimension must be even (RoPE rotates pairs)")
-    if qtype not in (GGMLType.F32, GGMLType.F16, GGMLType.BF16) and (n_embd % 32 or n_ff % 32):
-        raise ValueError(f"{gtype}: n_embd and n_ff must be multiples of 32 (whole blocks)")
-
     tokens, types, merges = build_vocab()
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)
 
     w = gguf.GGUFWriter(path, "llama")
-    w.add_name("tiny-llama")
-    w.add_file_type(FILE_TYPES[gtype])
-    w.add_block_count(n_layers)
-    w.add_context_length(context_length)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_heads)
-    w.add_head_count_kv(n_kv_heads)
-    w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(head_dim)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_unk_token_id(0)
-    w.add_pad_token_id(EOS_ID)
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHAT_TEMPLATE)
+    _add_hyperparameters(w, gtype=gtype, n_layers=n_layers, n_embd=n_embd, n_ff=n_ff, n_heads=n_heads,
+                         n_kv_heads=n_kv_heads, context_length=context_length, n_vocab=n_vocab)
+    _add_tokenizer(w, tokens, types, merges)
 
-    def matrix(name: str, rows: int, cols: int, std: float | None = None) -> None:
-        """A (rows, cols) matrix (ggml shape [cols, rows]): each row is one output's weights."""
-        scale = MATRIX_GAIN / np.sqrt(cols) if std is None else std
-        values = (rng.standard_normal((rows, cols)) * scale).astype(np.float32)
-        # gguf-py takes raw blocks as uint8 (rows, row bytes) and derives the logical shape itself.
-        raw = quantize(values, qtype).reshape(rows, -1)
-        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType(int(qtype)))
-
-    def norm(name: str) -> None:
-        w.add_tensor(name, (1.0 + NORM_JITTER * rng.standard_normal(n_embd)).astype(np.float32))
-
-    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
-    matrix("token_embd.weight", n_vocab, n_embd, EMBD_STD)
+    tensors = _Tensors(w, rng, TYPES[gtype], n_embd)
+    tensors.matrix("token_embd.weight", n_vocab, n_embd, EMBD_STD)
     for i in range(n_layers):
-        norm(f"blk.{i}.attn_norm.weight")
-        matrix(f"blk.{i}.attn_q.weight", q_dim, n_embd)
-        matrix(f"blk.{i}.attn_k.weight", kv_dim, n_embd)
-        matrix(f"blk.{i}.attn_v.weight", kv_dim, n_embd)
-        matrix(f"blk.{i}.attn_output.weight", n_embd, q_dim)
-        norm(f"blk.{i}.ffn_norm.weight")
-        matrix(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
-        matrix(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
-        matrix(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
-    norm("output_norm.weight")
+        tensors.layer(i, n_ff, n_heads * head_dim, n_kv_heads * head_dim)
+    tensors.norm("output_norm.weight")
     if not tied:
-        matrix("output.weight", n_vocab, n_embd, EMBD_STD)
+        tensors.matrix("output.weight", n_vocab, n_embd, EMBD_STD)
 
     w.write_header_to_file()
     w.write_kv_data_to_file()

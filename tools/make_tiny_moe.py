@@ -301,18 +301,20 @@ def prompt_ids() -> list[int]:
     return [BOS_ID] + [int(i) for i in rng.integers(len(SPECIAL_TOKENS), VOCAB, PROMPT_LEN - 1)]
 
 
-def make(arch: str, out_root: Path) -> dict[str, Any]:
-    spec = SPECS[arch]
-    out = out_root / arch
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+def build_model(spec: Spec) -> tuple[Any, torch.nn.Module]:
+    """The architecture's config and model, eager attention, weights from ``init_weights``."""
     torch.manual_seed(spec.seed)
     config = getattr(transformers, spec.config_cls)(**COMMON | spec.config)
     config._attn_implementation = "eager"
     model = getattr(transformers, spec.model_cls)(config).eval()
     init_weights(model, spec)
+    return config, model
 
+
+def run_reference(arch: str, model: torch.nn.Module,
+                  config: Any) -> tuple[torch.Tensor, torch.Tensor, list[int], torch.Tensor, torch.Tensor]:
+    """(prompt, its logits, greedy continuation, prompt plus continuation, that sequence's logits),
+    the cached generation checked against one uncached forward pass."""
     prompt = torch.tensor([prompt_ids()])
     gen_config = transformers.GenerationConfig(
         max_new_tokens=N_GREEDY, do_sample=False, eos_token_id=config.eos_token_id, pad_token_id=0,
@@ -329,6 +331,13 @@ def make(arch: str, out_root: Path) -> dict[str, Any]:
     argmax = full_logits[PROMPT_LEN - 1 : -1].argmax(-1).tolist()
     if argmax != greedy:
         raise SystemExit(f"make_tiny_moe: {arch}: generate() {greedy} != forward argmax {argmax}")
+    return prompt, logits, greedy, sequence, full_logits
+
+
+def check_margins(arch: str, model: torch.nn.Module, spec: Spec, sequence: torch.Tensor,
+                  full_logits: torch.Tensor) -> tuple[float, float, dict[str, float]]:
+    """(top-1 margin, routing margin, quantized top-1 agreement); refuses near ties and a model
+    whose choices do not survive quantization."""
     top2 = full_logits[:-1].topk(2, dim=-1).values
     top1_margin = float((top2[:, 0] - top2[:, 1]).min())
     route_margin = routing_margin(model, spec, sequence)
@@ -338,7 +347,12 @@ def make(arch: str, out_root: Path) -> dict[str, Any]:
     agreement = quant_agreement(model, sequence, full_logits)
     if min(agreement.values()) < MIN_QUANT_AGREEMENT:
         raise SystemExit(f"make_tiny_moe: {arch}: quantized top-1 agreement {agreement}; change the seed")
+    return top1_margin, route_margin, agreement
 
+
+def save_checkpoint(arch: str, model: torch.nn.Module, out: Path) -> None:
+    """The model as ``save_pretrained`` writes it (SHARDED in N_SHARDS), plus the tokenizer for
+    WITH_TOKENIZER."""
     total = sum(p.numel() * p.element_size() for p in model.state_dict().values())
     shard = f"{total // N_SHARDS // 1000 + 20}KB" if arch == SHARDED else "50MB"
     model.save_pretrained(out, max_shard_size=shard)
@@ -348,6 +362,10 @@ def make(arch: str, out_root: Path) -> dict[str, Any]:
     if arch == WITH_TOKENIZER:
         save_tokenizer(out)
 
+
+def save_reference(out: Path, ref: dict[str, Any], prompt: torch.Tensor, logits: torch.Tensor,
+                   greedy: list[int], full_logits: torch.Tensor) -> None:
+    """reference.npz (ids and logits) and reference.json (``ref``) beside the checkpoint."""
     np.savez_compressed(
         out / "reference.npz",
         prompt_ids=prompt[0].numpy().astype(np.int32),
@@ -355,6 +373,21 @@ def make(arch: str, out_root: Path) -> dict[str, Any]:
         greedy_ids=np.array(greedy, dtype=np.int32),
         full_logits=full_logits.numpy().astype(np.float32),
     )
+    # One key a line, each value compact: the ids read as the lists they are.
+    body = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in ref.items())
+    (out / "reference.json").write_text("{\n" + body + "\n}\n")
+
+
+def make(arch: str, out_root: Path) -> dict[str, Any]:
+    spec = SPECS[arch]
+    out = out_root / arch
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    config, model = build_model(spec)
+    prompt, logits, greedy, sequence, full_logits = run_reference(arch, model, config)
+    top1_margin, route_margin, agreement = check_margins(arch, model, spec, sequence, full_logits)
+    save_checkpoint(arch, model, out)
     ref = {
         "architecture": spec.model_cls,
         "prompt_ids": prompt[0].tolist(),
@@ -364,9 +397,7 @@ def make(arch: str, out_root: Path) -> dict[str, Any]:
         "simulated_top1_agreement": agreement,
         "versions": versions(),
     }
-    # One key a line, each value compact: the ids read as the lists they are.
-    body = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in ref.items())
-    (out / "reference.json").write_text("{\n" + body + "\n}\n")
+    save_reference(out, ref, prompt, logits, greedy, full_logits)
     size = sum(p.stat().st_size for p in out.iterdir())
     print(f"{arch:9s} {size / 1e6:.2f} MB  greedy {greedy}  margins: top-1 {top1_margin:.3f}, "
           f"routing {route_margin:.3f}  agreement {agreement}")

@@ -3,7 +3,7 @@ tensor, each in row chunks, so converting never holds more than a chunk of a mod
 
 gguf-py's ``GGUFWriter`` writes the header, the metadata and the tensor directory from sizes
 alone; the data is written here, source rows converted to float32, permuted where the plan says,
-quantized with ``colibri.store.quant``'s reference quantizers and appended at the offsets the
+quantized with ``colibri.store.formats``'s reference quantizers and appended at the offsets the
 directory promised. A stacked expert tensor is written expert by expert.
 """
 
@@ -25,7 +25,7 @@ from colibri.convert import DEFAULT_TYPE, TYPE_NAMES
 from colibri.convert.architectures import ConvertError, Plan, TensorPlan, make_plan
 from colibri.convert.safetensors import Checkpoint
 from colibri.convert.vocab import load_vocab
-from colibri.store.quant import GGMLType, quantize, row_nbytes
+from colibri.store.formats import GGMLType, quantize, row_nbytes
 
 TYPES: dict[str, GGMLType] = {
     "f32": GGMLType.F32,

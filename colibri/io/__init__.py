@@ -4,7 +4,10 @@ No I/O, no threads, no trio: ``colibri.sched`` binds them to pipes, ``colibri.ap
 process, the fuzzers in ``fuzz/`` to random bytes.
 
 - ``events``: the mux protocol's requests, responses and telemetry as dataclasses.
-- ``buffer``: the shared receive buffer (lines, byte-counted payloads, resynchronisation).
-- ``mux``: the mux protocol, both directions.
-- ``legacy``: the single-slot interactive protocol behind ``coli chat``.
+- ``buffer``: the receive buffer: lines and exact byte counts taken off the front, in linear time.
+- ``framing``: the framing both protocols share (a header line announcing N bytes, the payload, a
+  newline; line limits; resynchronisation after a lying count), as ``Line``/``Payload``/
+  ``Unframed``/``Overlong`` items. The one place that decides where a frame starts.
+- ``mux``: the mux protocol, both directions: what its lines and payloads mean.
+- ``legacy``: the single-slot interactive protocol behind ``coli chat``, both directions.
 """

@@ -1,7 +1,9 @@
-"""A receive buffer for line-and-payload protocols: the framing both codecs share.
+"""The bytes a reader has received and not yet consumed: lines and exact byte counts taken off the
+front, nothing else.
 
-Lines end with ``\\n``; a byte-counted payload is followed by one ``\\n``. Limits bound the memory
-a peer can make us hold: a line longer than the limit is an error, not an allocation.
+What the bytes mean (a header, a payload, resynchronisation after a broken frame) is the framing's
+business (``framing.py``); this is the one place that copies and deletes bytes, so the cost of
+reading stays linear in what arrives however it is chunked.
 """
 
 from __future__ import annotations
@@ -10,42 +12,9 @@ from __future__ import annotations
 class ReceiveBuffer:
     def __init__(self) -> None:
         self._data = bytearray()
-        self._scanned = 0  # bytes already searched for a newline: keeps line search linear
-        # Resynchronisation, which may span chunks: bytes of a rejected payload still to discard,
-        # and whether to drop everything through the next newline.
-        self.pending_skip = 0
-        self.dropping_line = False
-
-    def discard(self, n: int) -> None:
-        """Drop the next ``n`` bytes as they arrive (a payload we refused, with its newline)."""
-        self.pending_skip = n
-
-    def drop_through_newline(self) -> None:
-        """Framing is lost: drop everything through the next newline, then read lines again."""
-        self.dropping_line = True
-
-    def resynced(self) -> bool:
-        """Carry out pending discards; True once the buffer stands at the start of a line."""
-        if self.pending_skip:
-            self.pending_skip -= self.skip(self.pending_skip)
-            if self.pending_skip:
-                return False
-        if self.dropping_line:
-            if not self.skip_line():
-                return False
-            self.dropping_line = False
-        return True
-
-    def take_payload(self, n: int) -> tuple[bytes, bool] | None:
-        """A byte-counted payload and whether its newline followed (if not, framing is lost and the
-        buffer drops through the next newline); None until ``n + 1`` bytes are buffered."""
-        if len(self._data) < n + 1:
-            return None
-        payload = self.take(n) or b""
-        framed = self.take(1) == b"\n"
-        if not framed:
-            self.drop_through_newline()
-        return payload, framed
+        # Bytes already searched for a newline: a line arriving a byte at a time is scanned once,
+        # not once per byte.
+        self._scanned = 0
 
     def __len__(self) -> int:
         return len(self._data)
@@ -91,5 +60,6 @@ class ReceiveBuffer:
         self._scanned = 0
         return True
 
-    def peek(self, n: int) -> bytes:
-        return bytes(self._data[:n])
+    def find(self, byte: bytes) -> int:
+        """Where ``byte`` first occurs in the buffered bytes, or -1 (no copy of the buffer made)."""
+        return self._data.find(byte)

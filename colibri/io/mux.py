@@ -4,19 +4,22 @@ Engine side: ``RequestReader.receive_data(bytes) -> [Submit | Cancel | ProtocolE
 and ``encode_response(event) -> bytes``. Server side: ``encode_request(event) -> bytes`` and
 ``ResponseReader.receive_data(bytes) -> [response events]``.
 
-Resynchronisation: a SUBMIT whose payload is not followed by ``\\n`` (its byte count lied) yields
-BAD_FRAME and the reader drops everything through the next ``\\n``, then reads a header line again.
-A header line longer than MAX_LINE yields BAD_FRAME and is dropped through its ``\\n``. A SUBMIT
-header that is framed but invalid (bad numbers, id 0, …) yields BAD_REQUEST and, when its byte
-count could be read, its payload is skipped, so the stream stays in step.
+Framing (where a line or a payload ends, resynchronisation, line limits) is ``framing.py``'s; this
+module gives lines and payloads their meaning. A SUBMIT whose payload is not followed by ``\\n``
+(its byte count lied) yields BAD_FRAME and the reader drops everything through the next ``\\n``,
+then reads a header line again. A header line longer than MAX_LINE yields BAD_FRAME and is dropped
+through its ``\\n``. A SUBMIT header that is framed but invalid (bad numbers, id 0, …) yields
+BAD_REQUEST and, when its byte count could be read, its payload is skipped, so the stream stays in
+step.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
-from colibri.io.buffer import ReceiveBuffer
 from colibri.io.events import (
+    TOPK_CANDIDATES,
     Cancel,
     Data,
     Done,
@@ -33,28 +36,49 @@ from colibri.io.events import (
     ProtocolError,
     Ready,
     Repin,
+    Response,
     Stat,
     Submit,
     Tiers,
     TopK,
     UnknownLine,
 )
+from colibri.io.framing import (
+    FrameReader,
+    Item,
+    Line,
+    Overlong,
+    Payload,
+    Truncated,
+    Unframed,
+    Unterminated,
+)
 
+# The handshake line: the \x01 bytes keep it from looking like any other line.
 READY_LINE = b"\x01\x01READY\x01\x01"
-# A request header is a verb and six numbers: 256 bytes is generous; more is a broken peer.
+# A request header is a verb and at most seven numbers: 256 bytes is generous; more is a broken
+# peer, and the engine never buffers more of one line than this.
 MAX_LINE = 256
 # Largest SUBMIT payload: a rendered prompt. 16 MiB is far past any context the engine serves
 # (~4 bytes per token) and bounds what a peer can make the engine buffer.
 MAX_PAYLOAD = 16 << 20
 # Largest response line the server-side reader buffers (EMAP of a big MoE: a few hundred KB hex).
 MAX_RESPONSE_LINE = 8 << 20
+# Ids are the C engine's u64; 0 is reserved (ERROR 0 answers a request whose id was unreadable).
 MAX_ID = (1 << 64) - 1
+# Digits of MAX_ID: a longer number is refused before int() converts it.
+U64_DIGITS = len(str(MAX_ID))
+# A slot index is a byte on the wire; the core refuses slots it does not have (KV_SLOTS <= 16).
+MAX_SLOT = 255
+# The most tokens one SUBMIT may ask for: past any context length, so never the binding limit.
 MAX_TOKENS_LIMIT = 1 << 20
-TOPK_COUNT = 5
+# Candidates on a TOPK line (the protocol fixes five).
+TOPK_COUNT = TOPK_CANDIDATES
 
 
 def _uint(text: bytes, limit: int) -> int:
-    if not text.isdigit() or len(text) > 20:
+    """An unsigned decimal, digits only (no sign, space or underscore), at most ``limit``."""
+    if not text.isdigit() or len(text) > U64_DIGITS:
         raise ValueError
     value = int(text)
     if value > limit:
@@ -63,6 +87,7 @@ def _uint(text: bytes, limit: int) -> int:
 
 
 def _float(text: bytes) -> float:
+    """A finite float: NaN and infinities would reach the sampler."""
     value = float(text)
     if not math.isfinite(value):
         raise ValueError
@@ -73,8 +98,10 @@ class RequestReader:
     """Engine side: bytes from the server -> requests."""
 
     def __init__(self) -> None:
-        self._buf = ReceiveBuffer()
-        self._payload: tuple[int, Submit | None] | None = None  # (bytes, header) being read
+        # The header kept until its payload arrives: a Submit with an empty prompt, or None for a
+        # rejected header whose payload is still read, so its framing is checked and the stream
+        # stays in step.
+        self._frames: FrameReader[Submit | None] = FrameReader(MAX_LINE)
         self._eof = False
 
     def receive_data(self, data: bytes) -> list[Submit | Cancel | ProtocolError | EndOfInput]:
@@ -82,71 +109,48 @@ class RequestReader:
         if self._eof:
             return []
         if data:
-            self._buf.feed(data)
-        events = self._parse()
+            self._frames.feed(data)
+        events: list[Submit | Cancel | ProtocolError | EndOfInput] = []
+        while (item := self._frames.next_item()) is not None:
+            event = self._interpret(item)
+            if event is not None:
+                events.append(event)
         if not data:
             self._eof = True
-            if self._payload is not None:
-                header = self._payload[1]
-                rid = header.id if header else 0
-                events.append(ProtocolError(rid, ErrorCode.BAD_FRAME, "EOF in payload"))
-            elif len(self._buf) and not self._buf.pending_skip and not self._buf.dropping_line:
-                events.append(ProtocolError(0, ErrorCode.BAD_FRAME, "EOF in a line"))
+            match self._frames.close():
+                case Truncated(header=header):
+                    events.append(ProtocolError(header.id if header else 0, ErrorCode.BAD_FRAME,
+                                                "EOF in payload"))
+                case Unterminated():
+                    events.append(ProtocolError(0, ErrorCode.BAD_FRAME, "EOF in a line"))
             events.append(EndOfInput())
         return events
 
-    def _parse(self) -> list[Submit | Cancel | ProtocolError]:
-        out: list[Submit | Cancel | ProtocolError] = []
-        while True:
-            if not self._buf.resynced():
-                return out
-            if self._payload is not None:
-                n, header = self._payload
-                got = self._buf.take_payload(n)
-                if got is None:
-                    return out
-                payload, framed = got
-                self._payload = None
-                if not framed:
-                    out.append(ProtocolError(header.id if header else 0, ErrorCode.BAD_FRAME,
-                                             "payload not followed by newline"))
-                    continue
-                if header is not None:
-                    try:
-                        prompt = payload.decode("utf-8")
-                    except UnicodeDecodeError:
-                        out.append(ProtocolError(header.id, ErrorCode.BAD_REQUEST, "payload is not UTF-8"))
-                        continue
-                    out.append(Submit(header.id, header.slot, header.max_tokens, header.temperature,
-                                      header.top_p, prompt, header.seed))
-                continue
-            line = self._buf.take_line()
-            if line is None:
-                if len(self._buf) > MAX_LINE:
-                    out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "line too long"))
-                    self._buf.drop_through_newline()
-                    continue
-                return out
-            if len(line) > MAX_LINE:
-                out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "line too long"))
-                continue
-            event = self._header(line)
-            if event is not None:
-                out.append(event)
+    def _interpret(self, item: Item[Submit | None]) -> Submit | Cancel | ProtocolError | None:
+        match item:
+            case Line(data=line):
+                return self._header(line)
+            case Payload(header=None):
+                return None  # the header was answered already
+            case Payload(header=header, data=payload):
+                try:
+                    return replace(header, prompt=payload.decode("utf-8"))
+                except UnicodeDecodeError:
+                    return ProtocolError(header.id, ErrorCode.BAD_REQUEST, "payload is not UTF-8")
+            case Unframed(header=header):
+                return ProtocolError(header.id if header else 0, ErrorCode.BAD_FRAME,
+                                     "payload not followed by newline")
+            case Overlong():
+                return ProtocolError(0, ErrorCode.BAD_FRAME, "line too long")
 
     def _header(self, line: bytes) -> Cancel | ProtocolError | None:
+        """A request line: a CANCEL, a rejection, or None when a SUBMIT's payload is to follow.
+        The byte count is read first: once it is known the payload is consumed whatever else is
+        wrong with the header, so its lines are never mistaken for requests."""
         fields = line.split(b" ")
         verb = fields[0]
         if verb == b"CANCEL":
-            if len(fields) != 2:
-                return ProtocolError(0, ErrorCode.BAD_REQUEST, "CANCEL takes one field")
-            try:
-                rid = _uint(fields[1], MAX_ID)
-            except ValueError:
-                return ProtocolError(0, ErrorCode.BAD_REQUEST, "CANCEL id is not a number")
-            if rid == 0:
-                return ProtocolError(0, ErrorCode.BAD_REQUEST, "id 0")
-            return Cancel(rid)
+            return _cancel(fields)
         if verb != b"SUBMIT":
             return ProtocolError(0, ErrorCode.BAD_REQUEST, f"unknown verb {verb[:32]!r}")
         if len(fields) not in (7, 8):
@@ -157,28 +161,43 @@ class RequestReader:
             rid = 0
         try:
             n = _uint(fields[3], MAX_ID)
-        except ValueError:
+        except ValueError:  # where the payload ends is unknown: its lines are read as lines
             return ProtocolError(rid, ErrorCode.BAD_REQUEST, "byte count is not a number")
         if n > MAX_PAYLOAD:
-            self._buf.discard(n + 1)
+            self._frames.skip_payload(n)
             return ProtocolError(rid, ErrorCode.BAD_REQUEST, f"payload over {MAX_PAYLOAD} bytes")
         try:
             if rid == 0:
                 raise ValueError("id 0")
-            slot = _uint(fields[2], 255)
+            slot = _uint(fields[2], MAX_SLOT)
             max_tokens = _uint(fields[4], MAX_TOKENS_LIMIT)
             temperature, top_p = _float(fields[5]), _float(fields[6])
             if temperature < 0 or not 0 < top_p <= 1:
                 raise ValueError
             seed = _uint(fields[7], MAX_ID) if len(fields) == 8 else None
         except ValueError:
-            self._payload = (n, None)
+            self._frames.expect_payload(n, None)
             return ProtocolError(rid, ErrorCode.BAD_REQUEST, "bad SUBMIT field")
-        self._payload = (n, Submit(rid, slot, max_tokens, temperature, top_p, "", seed))
+        self._frames.expect_payload(n, Submit(rid, slot, max_tokens, temperature, top_p, "", seed))
         return None
 
 
+def _cancel(fields: list[bytes]) -> Cancel | ProtocolError:
+    """``CANCEL <id>``, split on spaces."""
+    if len(fields) != 2:
+        return ProtocolError(0, ErrorCode.BAD_REQUEST, "CANCEL takes one field")
+    try:
+        rid = _uint(fields[1], MAX_ID)
+    except ValueError:
+        return ProtocolError(0, ErrorCode.BAD_REQUEST, "CANCEL id is not a number")
+    if rid == 0:
+        return ProtocolError(0, ErrorCode.BAD_REQUEST, "id 0")
+    return Cancel(rid)
+
+
 def encode_request(event: Submit | Cancel) -> bytes:
+    """Server side: a request's bytes. Floats are written with ``repr`` so the engine samples with
+    exactly the temperature and top_p the client asked for."""
     if isinstance(event, Submit):
         payload = event.prompt.encode("utf-8")
         seed = "" if event.seed is None else f" {event.seed}"
@@ -189,10 +208,11 @@ def encode_request(event: Submit | Cancel) -> bytes:
 
 
 def _hex_map(kind: str, rows: int, cols: int, data: bytes) -> bytes:
+    """EMAP and HITS: hex keeps a bitmap line-shaped."""
     return f"{kind} {rows} {cols} {data.hex()}\n".encode()
 
 
-def encode_response(event) -> bytes:
+def encode_response(event: Response) -> bytes:
     """One response or telemetry event -> its bytes: one line (DATA: header, payload, newline)."""
     match event:
         case Ready():
@@ -241,45 +261,32 @@ class ResponseReader:
     """Server side: bytes from the engine -> response and telemetry events."""
 
     def __init__(self) -> None:
-        self._buf = ReceiveBuffer()
-        self._data: tuple[int, int] | None = None  # DATA (id, bytes) whose payload is awaited
+        self._frames: FrameReader[int] = FrameReader(MAX_RESPONSE_LINE)  # header: the DATA's id
 
-    def receive_data(self, data: bytes) -> list:
-        self._buf.feed(data)
-        out: list = []
-        while True:
-            if not self._buf.resynced():
-                return out
-            if self._data is not None:
-                rid, n = self._data
-                got = self._buf.take_payload(n)
-                if got is None:
-                    return out
-                self._data = None
-                text, framed = got
-                if not framed:
+    def receive_data(self, data: bytes) -> list[Response | ProtocolError | UnknownLine]:
+        """Feed bytes and return the complete events (the engine's EOF is the caller's to notice)."""
+        self._frames.feed(data)
+        out: list[Response | ProtocolError | UnknownLine] = []
+        while (item := self._frames.next_item()) is not None:
+            match item:
+                case Payload(header=rid, data=text):
+                    out.append(Data(rid, text))
+                case Unframed(header=rid):
                     out.append(ProtocolError(rid, ErrorCode.BAD_FRAME, "DATA payload without newline"))
-                    continue
-                out.append(Data(rid, text))
-                continue
-            line = self._buf.take_line()
-            if line is None:
-                if len(self._buf) > MAX_RESPONSE_LINE:
+                case Overlong():
                     out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "line too long"))
-                    self._buf.drop_through_newline()
-                    continue
-                return out
-            if len(line) > MAX_RESPONSE_LINE:  # as when it arrives in pieces
-                out.append(ProtocolError(0, ErrorCode.BAD_FRAME, "line too long"))
-                continue
-            try:
-                event = self._line(line)
-            except (ValueError, IndexError):
-                event = ProtocolError(0, ErrorCode.BAD_FRAME, f"malformed line {line[:40]!r}")
-            if event is not None:
-                out.append(event)
+                case Line(data=line):
+                    try:
+                        event = self._line(line)
+                    except (ValueError, IndexError):
+                        event = ProtocolError(0, ErrorCode.BAD_FRAME, f"malformed line {line[:40]!r}")
+                    if event is not None:
+                        out.append(event)
+        return out
 
-    def _line(self, line: bytes):
+    def _line(self, line: bytes) -> Response | UnknownLine | None:
+        """One response line -> its event, or None for a DATA header (its payload follows). Raises
+        ValueError or IndexError for a known kind with malformed fields."""
         if line == READY_LINE:
             return Ready()
         text = line.decode("utf-8", errors="replace")
@@ -289,7 +296,7 @@ class ResponseReader:
             rid, n = int(f[1]), int(f[2])
             if n < 0:
                 raise ValueError("negative DATA byte count")
-            self._data = (rid, n)
+            self._frames.expect_payload(n, rid)
             return None
         if kind == "DONE":
             return Done(int(f[1]), int(f[3]), float(f[4]), float(f[5]), float(f[6]), int(f[7]), f[8] == "1")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from colibri.errors import ColibriError
-from colibri.model.kv_cache import KVCache
+from colibri.model.interface import EngineModel
 from colibri.model.sampling import Sampler
 
 
@@ -35,12 +35,12 @@ class Timings:
         return self.decode_steps / self.decode_s if self.decode_s else 0.0
 
 
-class Sequence:
+class SingleSequence:
     """A single conversation in slot 0 of its own KV cache."""
 
-    def __init__(self, net, n_ctx: int, chunk: int) -> None:
-        self.net, self.chunk = net, chunk
-        self.kv = KVCache(net.hp, 1, n_ctx)
+    def __init__(self, model: EngineModel, n_ctx: int, chunk: int) -> None:
+        self.model, self.chunk = model, chunk
+        self.kv = model.new_kv_cache(1, n_ctx)
         self.n_past = 0
 
     def step(self, tokens: np.ndarray, all_logits: bool) -> np.ndarray:
@@ -51,7 +51,7 @@ class Sequence:
         slots = np.zeros(n, dtype=np.int64)
         rows = np.arange(n) if all_logits else np.array([n - 1])
         n_direct = 1 if n == 1 else 0  # a decode step, or a prompt chunk (as the engine does)
-        logits = self.net.forward(tokens.astype(np.int64), slots, positions, self.kv, rows, n_direct)
+        logits = self.model.forward(tokens.astype(np.int64), slots, positions, self.kv, rows, n_direct)
         self.n_past += n
         return logits
 

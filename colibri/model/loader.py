@@ -1,25 +1,20 @@
-"""Opening a model file: the container, its hyperparameters, the network for its architecture."""
+"""Opening a model file: the container, its hyperparameters, the network for its architecture.
+``Model`` is what ``colibri.model.interface.EngineModel`` describes."""
 
 from __future__ import annotations
 
-from functools import cached_property
 from pathlib import Path
 
+import numpy as np
+
 from colibri.model.chat import ChatTemplate
-from colibri.model.glm4moe import Glm4MoeModel
 from colibri.model.hparams import HParams
-from colibri.model.llama import LlamaModel
-from colibri.model.qwen_moe import Qwen2MoeModel, Qwen3MoeModel
+from colibri.model.interface import ExpertTelemetry
+from colibri.model.kv_cache import KVCache
+from colibri.model.network import ARCHITECTURES, Decoder
+from colibri.model.text import ModelText
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.gguf import GGUFError, GGUFFile
-
-# GGUF general.architecture -> network. Mixtral-style models are "llama" with expert tensors.
-ARCHITECTURES = {
-    "llama": LlamaModel,
-    "qwen2moe": Qwen2MoeModel,
-    "qwen3moe": Qwen3MoeModel,
-    "glm4moe": Glm4MoeModel,
-}
 
 
 class Model:
@@ -36,15 +31,24 @@ class Model:
                 f"{path}: architecture {self.hp.arch!r} is not supported "
                 f"(supported: {', '.join(sorted(ARCHITECTURES))})"
             )
-        self.net = arch(self.gguf, self.hp, ram_budget)
+        self.decoder: Decoder = arch(self.gguf, self.hp, ram_budget)
+        self.text = ModelText(self.gguf)
+        self.fingerprint = self.gguf.fingerprint()
+        store = self.decoder.experts
+        self.experts: ExpertTelemetry | None = store if store.layers else None
 
-    @cached_property
+    @property
     def tokenizer(self) -> GGUFTokenizer:
-        return GGUFTokenizer(self.gguf)
+        return self.text.tokenizer
 
-    @cached_property
+    @property
     def chat_template(self) -> ChatTemplate:
-        tok = self.tokenizer
-        bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else ""
-        eos = tok.tokens[tok.eos_id] if tok.eos_id is not None else ""
-        return ChatTemplate(self.gguf.get("tokenizer.chat_template"), bos, eos)
+        return self.text.chat_template
+
+    def new_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache:
+        return KVCache(self.hp, n_slots, n_ctx)
+
+    def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
+                logit_rows: np.ndarray, n_direct: int = 0) -> np.ndarray:
+        """One step of the network: see ``Decoder.forward``."""
+        return self.decoder.forward(tokens, slots, positions, kv, logit_rows, n_direct)

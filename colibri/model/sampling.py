@@ -5,6 +5,7 @@ Numpy over one row of logits (the vocabulary) per sequence: cheap next to the fo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -89,3 +90,12 @@ class Sampler:
             if weights[head].sum() >= p.top_p * weights.sum():
                 return head
         return np.argsort(-logits, kind="stable")[: p.top_k or n]
+
+
+def top_candidates(logits: np.ndarray, sampled: int, n: int) -> list[tuple[int, float]]:
+    """``n`` (token, log-probability) pairs: the sampled token first, then the best others."""
+    best = np.argpartition(-logits, n)[:n]
+    best = [int(t) for t in best[np.argsort(-logits[best], kind="stable")] if t != sampled]
+    peak = float(logits.max())
+    log_z = peak + math.log(float(np.exp(logits - peak, dtype=np.float64).sum()))
+    return [(t, float(logits[t]) - log_z) for t in [sampled, *best[: n - 1]]]

@@ -22,8 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from colibri.store.gguf import GGUFFile
-
 # PNG-style magics: the high-bit first byte catches 7-bit channels, "\r\n" catches CRLF -> LF
 # conversion, "\x1a" stops `type` on DOS, the final "\n" catches LF -> CRLF conversion. Distinct
 # magics keep a usage file from ever being read as a slot file and the other way round.
@@ -67,27 +65,6 @@ def warn_stderr(message: str) -> None:
 
 
 # --- fingerprints -----------------------------------------------------------------------------------
-
-
-def model_fingerprint(gguf: GGUFFile) -> bytes:
-    """sha256 of the model file's header region (metadata and tensor directory) and its size.
-
-    Cheap at any model size (no tensor data is read) and changes with any change of architecture,
-    hyperparameters, tokenizer, quantization or tensor layout. It cannot tell apart two files whose
-    header and size are identical and whose weights differ (e.g. two fine-tunes saved with the same
-    metadata); hashing the weights would cost minutes per start on a large model.
-    """
-    h = hashlib.sha256(b"colibri model fingerprint v1\0")
-    remaining = gguf.data_offset
-    with open(gguf.path, "rb") as f:
-        while remaining > 0:
-            block = f.read(min(remaining, CHUNK_BYTES))
-            if not block:
-                break  # the GGUF reader already rejected a file shorter than its header
-            h.update(block)
-            remaining -= len(block)
-    h.update(struct.pack("<QQ", gguf.data_offset, gguf.file_size))
-    return h.digest()
 
 
 def layout_fingerprint(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str = "float32") -> bytes:

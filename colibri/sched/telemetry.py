@@ -1,55 +1,67 @@
-"""Host facts for the protocol's telemetry lines (HWINFO, STAT): read from /proc, no dependencies."""
+"""The protocol's telemetry, built from the engine's state: host facts (HWINFO, STAT), the expert
+store's maps (TIERS, EMAP, HITS) and a finished turn's figures (PERF, then DONE). Builders only:
+the engine decides when to emit."""
 
 from __future__ import annotations
 
-import os
-import resource
+import time
+from typing import TYPE_CHECKING
 
-from colibri.io.events import HwInfo
+from colibri import hostinfo
+from colibri.io.events import Done, Entropy, ExpertMap, Gpus, Hits, HwInfo, Perf, Tiers
+from colibri.model.interface import ExpertTelemetry, StoreCounters
 
-GB = 1 << 30
+if TYPE_CHECKING:
+    from colibri.sched.requests import Request
 
-
-def rss_gb() -> float:
-    """Resident set size now (not the peak), from /proc/self/statm."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / GB
-    except (OSError, ValueError, IndexError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB
-
-
-def _meminfo() -> dict[str, int]:
-    out = {}
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                out[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip().replace("|", "/")
-    except OSError:
-        pass
-    return "unknown"
+GB = hostinfo.GIB
 
 
 def hwinfo() -> HwInfo:
-    mem = _meminfo()
+    mem = hostinfo.meminfo()
     return HwInfo(
-        cores=os.cpu_count() or 1,
+        cores=hostinfo.os_cpu_count(),
         ram_total_gb=mem.get("MemTotal", 0) / GB,
         ram_avail_gb=mem.get("MemAvailable", 0) / GB,
         ngpu=0,
         vram_total_gb=0.0,
-        cpu_name=_cpu_name(),
+        cpu_name=hostinfo.cpu_name().replace("|", "/"),  # '|' separates HWINFO's fields
         gpu_name="",
     )
+
+
+def rss_gb() -> float:
+    return hostinfo.rss_gb()
+
+
+def expert_events(experts: ExpertTelemetry | None, hits: bool) -> list[object]:
+    """TIERS, EMAP and (with ``hits``) HITS, from the expert store; zeros on a dense model. Call
+    between steps: the forward pass changes the tiers during one."""
+    if experts is None:
+        return [Tiers(0, 0, 0, 0.0, 0.0), ExpertMap(0, 0, b"")] + ([Hits(0, 0, b"")] if hits else [])
+    ram, disk, ram_bytes = experts.tier_counts()
+    rows, cols = experts.shape
+    events: list[object] = [Tiers(0, ram, disk, 0.0, ram_bytes / GB),
+                            ExpertMap(rows, cols, experts.expert_map())]
+    if hits:
+        events.append(Hits(rows, cols, experts.take_hits()))
+    return events
+
+
+def turn_end_events(req: Request, counters: StoreCounters | None, maps: list[object]) -> list[object]:
+    """What ends a turn, in the protocol's order: HWINFO, PERF, ENTROPY, GPUS, the expert maps, DONE.
+    The expert store serves every slot at once, so a turn's hit rate and times are the store's
+    over the turn's span (``counters`` now against those when it was admitted)."""
+    now = time.perf_counter()
+    gen_s = now - req.t_first if req.t_first else 0.0
+    tok_s = (req.emitted - 1) / gen_s if req.emitted > 1 and gen_s > 0 else 0.0
+    hit_pct, t_edisk, t_emm = 0.0, 0.0, 0.0
+    if counters is not None and req.store_at_start is not None:
+        c0, c1 = req.store_at_start, counters
+        uses = (c1.hits - c0.hits) + (c1.misses - c0.misses)
+        hit_pct = 100.0 * (c1.hits - c0.hits) / uses if uses else 0.0
+        t_edisk, t_emm = c1.t_disk - c0.t_disk, c1.t_compute - c0.t_compute
+    perf = Perf(req.id, now - req.t_start, t_edisk=t_edisk, t_emm=t_emm, t_kvb=req.t_prefill,
+                reused_tokens=req.reused, prefilled_tokens=len(req.prompt) - req.reused)
+    done = Done(req.id, req.emitted, tok_s, hit_pct, rss_gb(), len(req.prompt), req.length_limited)
+    return [hwinfo(), perf, Entropy(), Gpus(), *maps, done]

@@ -1,6 +1,6 @@
 """The store: the GGUF container over mmap and the quantized block formats it holds."""
 
+from colibri.store.formats import GGMLType
 from colibri.store.gguf import GGUFError, GGUFFile, TensorInfo
-from colibri.store.quant import GGMLType
 
 __all__ = ["GGMLType", "GGUFError", "GGUFFile", "TensorInfo"]

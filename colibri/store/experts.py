@@ -8,7 +8,8 @@ are [n_expert, n_ff_exp, n_embd] (in GGUF's row-major view: ``n_expert * n_ff_ex
 Tiers (``docs/store.md``):
 
 - **disk**: the expert's bytes in the file, through the mmap (and so the page cache). Using it
-  means packing the raw rows into the kernels' layout, a transient copy dropped after the step.
+  means packing the raw rows into the packed layout (``packed.py``), a transient copy dropped
+  after the step.
 - **RAM**: a resident packed copy. The copies never exceed the budget (``--ram-budget``): a share
   of it holds the experts that were hottest in earlier runs (*pinned* at start from the heat in
   ``.coli_usage``), the rest the most recently used others (*recent*, least recently used out).
@@ -21,7 +22,6 @@ store asks the kernel to read in (``MADV_WILLNEED``) while the current layer com
 
 from __future__ import annotations
 
-import math
 import mmap
 import time
 from collections import OrderedDict
@@ -30,8 +30,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from colibri.model.kernels.quant_matmul import Weight, make_weight, packed_nbytes
 from colibri.store.gguf import GGUFError, GGUFFile
+from colibri.store.packed import SwiGLUWeights, make_weight, packed_nbytes
 
 TIER_DISK, TIER_RAM = 0, 1  # EMAP's 2-bit tier codes (2 would be VRAM: no GPU here)
 # Heat halves every this many forward steps: long enough that a conversation's topic shows, short
@@ -48,11 +48,9 @@ HEAT_BUCKET_MAX = 63
 _PAGE = mmap.PAGESIZE
 
 
-class ExpertWeights(NamedTuple):
-    """One routed expert: ``down(silu(gate · h) * (up · h))``."""
-
-    gate_up: Weight  # gate rows then up rows: n_ff_exp * 2 rows of n_embd
-    down: Weight  # n_embd rows of n_ff_exp
+# One routed expert: gate rows then up rows (n_ff_exp * 2 rows of n_embd), and down (n_embd rows
+# of n_ff_exp), the same type as a dense layer's FFN.
+ExpertWeights = SwiGLUWeights
 
 
 class StoreCounters(NamedTuple):
@@ -68,16 +66,17 @@ class StoreCounters(NamedTuple):
 class ExpertStore:
     """Every MoE layer's routed experts, addressed by (layer, expert).
 
-    ``n_experts``: experts per MoE layer; ``n_used``: experts per token (top-k); ``layers``: the
+    ``n_layers``: layers of the network; ``n_experts``: experts per MoE layer; ``n_used``: experts
+    per token (top-k, for reports); ``layers``: the
     layers that have routed experts (a glm4moe model's first layers are dense). ``ram_budget`` in
     bytes, None for no limit (every expert used stays resident)."""
 
-    def __init__(self, gguf: GGUFFile, hp, ram_budget: int | None = None) -> None:
+    def __init__(self, gguf: GGUFFile, n_layers: int, n_experts: int, n_used: int,
+                 ram_budget: int | None = None) -> None:
         self.gguf = gguf
-        self.n_experts: int = hp.n_expert
-        self.n_used: int = hp.n_expert_used
+        self.n_experts, self.n_used = n_experts, n_used
         self.layers: tuple[int, ...] = tuple(
-            i for i in range(hp.n_layers) if f"blk.{i}.ffn_down_exps.weight" in gguf.tensors
+            i for i in range(n_layers) if f"blk.{i}.ffn_down_exps.weight" in gguf.tensors
         )
         self._row_of = {layer: i for i, layer in enumerate(self.layers)}
         self._tensors: dict[int, tuple[str, str, str]] = {}
@@ -288,9 +287,3 @@ class ExpertStore:
         size = self._slice_bytes(name)
         return self.gguf.tensors[name].offset + expert * size, size
 
-
-def budget_bytes(gb: float | None) -> int | None:
-    """``--ram-budget`` GB (None, negative or not finite: no limit) in bytes."""
-    if gb is None or not gb >= 0 or not math.isfinite(gb * (1 << 30)):
-        return None
-    return int(gb * (1 << 30))

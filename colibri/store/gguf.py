@@ -8,6 +8,7 @@ and, where there is one, the tensor.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import mmap
 import os
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from colibri.errors import ColibriError
-from colibri.store.quant import BLOCK_GEOMETRY, SUPPORTED, GGMLType
+from colibri.store.formats import BLOCK_GEOMETRY, SUPPORTED, GGMLType
 
 MAGIC = b"GGUF"
 # Version 1 used 32-bit counts and lengths; every file written since 2023 is v2 or v3.
@@ -233,6 +234,20 @@ class GGUFFile:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
+
+    def fingerprint(self) -> bytes:
+        """sha256 of the file's header region (metadata and tensor directory) and its size: what
+        persisted KV slots and routing heat are checked against.
+
+        Cheap at any model size (no tensor data is read) and changes with any change of architecture,
+        hyperparameters, tokenizer, quantization or tensor layout. It cannot tell apart two files whose
+        header and size are identical and whose weights differ (e.g. two fine-tunes saved with the same
+        metadata); hashing the weights would cost minutes per start on a large model.
+        """
+        h = hashlib.sha256(b"colibri model fingerprint v1\0")
+        h.update(self._map[: self.data_offset])
+        h.update(struct.pack("<QQ", self.data_offset, self.file_size))
+        return h.digest()
 
     def close(self) -> None:
         # Views handed out keep the mapping alive; closing with live views would fault them.

@@ -1,103 +1,51 @@
-"""The engine's core: KV slots, requests and the step loop, independent of the wire protocol.
+"""The engine: KV slots, requests and the step loop, independent of the wire protocol.
 
-Every active request contributes rows to one forward step: one row per request that is decoding
-(continuous batching: the weights are read once per step for all of them) and, for at most one
-request that is prefilling, a chunk of its prompt (serial, chunked prefill, interleaved with the
-decode rows so a long prompt does not freeze the other streams). The step runs in a worker thread
+Every active request contributes rows to one forward step (``planner.py``): one row per request
+that is decoding (continuous batching: the weights are read once per step for all of them) and,
+for at most one request that is prefilling, a chunk of its prompt. The step runs in a worker thread
 (the kernels release the GIL), so stdin is read and CANCEL acted on while it computes.
 
 A request's lifetime is its task in the engine's nursery, inside its own cancel scope: CANCEL
 cancels the scope; the task then waits out the step in flight, persists the slot and answers
-ERROR CANCELLED. The protocol drivers (mux_server, legacy_server) see only ``emit(event)`` calls
-with the events of ``colibri.io.events``.
+ERROR CANCELLED. The protocol drivers (``engine_process.py``, ``legacy_session.py``) see only
+``emit(event)`` calls with the events of ``colibri.io.events``. The model is seen through
+``colibri.model.interface.EngineModel`` only.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import trio
 
-from colibri.io.events import (
-    Data,
-    Done,
-    Entropy,
-    Error,
-    ErrorCode,
-    ExpertMap,
-    Gpus,
-    Hits,
-    Perf,
-    Submit,
-    Tiers,
-    TopK,
-)
-from colibri.model.kv_cache import KVCache
-from colibri.model.sampling import Sampler, SamplingParams
+from colibri.io.events import TOPK_CANDIDATES, Data, Error, ErrorCode, Hits, Submit, TopK
+from colibri.model.interface import EngineModel
+from colibri.model.sampling import REPETITION_WINDOW, Sampler, SamplingParams, top_candidates
 from colibri.sched import persist, telemetry
-from colibri.store.experts import ExpertStore, StoreCounters
+from colibri.sched.planner import StepPlan, plan_step
+from colibri.sched.requests import Emit, Request, Slot
 
 MAX_SLOTS = 16  # the protocol's limit: slot fields and KV_SLOTS are 1..16
-TOPK_CANDIDATES = 5  # TOPK lines carry five candidates (serve_protocol.md)
 HITS_EVERY_TOKENS = 6  # the spec's "~every 6 tokens": a live routing picture without flooding the pipe
 
-
-@dataclass(eq=False)
-class Slot:
-    index: int
-    history: list[int] = field(default_factory=list)  # tokens whose K/V are in the cache, in order
-    owner: Request | None = None
-
-
-@dataclass(eq=False)
-class Request:
-    id: int
-    slot: Slot
-    submit: Submit
-    sampler: Sampler
-    emit: Callable[[object], Awaitable[None]]
-    prompt: list[int] = field(default_factory=list)
-    todo: list[int] = field(default_factory=list)  # tokens still to feed: prompt suffix, then the last sample
-    decoder: object = None
-    emitted: int = 0
-    reused: int = 0
-    admitted: bool = False
-    length_limited: bool = False
-    cancelled: bool = False
-    finished: trio.Event = field(default_factory=trio.Event)
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    t_start: float = field(default_factory=time.perf_counter)
-    t_first: float = 0.0
-    t_prefill: float = 0.0
-    store_at_start: StoreCounters | None = None  # the expert store's counters when admitted
-
-
-@dataclass
-class StepRows:
-    """One forward step: the rows, and for each request its share of them."""
-
-    tokens: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    shares: list[tuple[Request, int, int | None]] = field(default_factory=list)  # (req, n rows, logit row)
-    n_direct: int = 0  # the leading decode rows
+# A sampled token and, with TOPK on, its candidates; None for a request mid-prompt.
+Choice = tuple[int, tuple[tuple[float, bytes], ...] | None] | None
 
 
 class Engine:
+    """The slot table and every request's lifecycle over one model; ``run`` is the step loop."""
+
     def __init__(
-        self, model, n_slots: int, n_ctx: int, state_dir: Path | None, prefill_chunk: int,
-        emit: Callable[[object], Awaitable[None]], topk: bool = False,
+        self, model: EngineModel, n_slots: int, n_ctx: int, state_dir: Path | None, prefill_chunk: int,
+        emit: Emit, topk: bool = False,
     ) -> None:
-        self.model, self.net, self.tokenizer = model, model.net, model.tokenizer
+        self.model, self.tokenizer = model, model.tokenizer
         self.n_ctx, self.state_dir, self.prefill_chunk = n_ctx, state_dir, prefill_chunk
         self.emit, self.topk = emit, topk
-        self.kv = KVCache(model.hp, n_slots, n_ctx)
+        self.kv = model.new_kv_cache(n_slots, n_ctx)
         self.slots = [Slot(i) for i in range(n_slots)]
         self.requests: dict[int, Request] = {}
         self.active: list[Request] = []
@@ -107,11 +55,10 @@ class Engine:
         self.idle = trio.Event()
         self.idle.set()
         self.stop_ids = model.tokenizer.stop_ids
-        self.model_fp = persist.model_fingerprint(model.gguf)
+        self.model_fp = model.fingerprint
         hp = model.hp
         self.layout_fp = persist.layout_fingerprint(hp.n_layers, hp.n_kv_heads, hp.head_dim)
-        store = getattr(self.net, "experts", None)
-        self.experts: ExpertStore | None = store if store is not None and store.layers else None
+        self.experts = model.experts
 
     # ------------------------------------------------------------------ state
 
@@ -172,12 +119,12 @@ class Engine:
         return None
 
     def start(self, sub: Submit, nursery: trio.Nursery, sampling: SamplingParams | None = None,
-              emit: Callable[[object], Awaitable[None]] | None = None) -> Request:
+              emit: Emit | None = None) -> Request:
         """Register an accepted SUBMIT and start its task; its events go to ``emit`` (default: the
         engine's)."""
         params = sampling or SamplingParams(temperature=sub.temperature, top_p=sub.top_p, seed=sub.seed)
         slot = self.slots[sub.slot]
-        req = Request(sub.id, slot, sub, Sampler(params), emit or self.emit, decoder=self.tokenizer.stream())
+        req = Request(sub.id, slot, sub, Sampler(params), emit or self.emit, self.tokenizer.stream())
         slot.owner = req
         self.requests[sub.id] = req
         self.idle = trio.Event()
@@ -248,48 +195,23 @@ class Engine:
             self.active.remove(req)
 
     async def _finish(self, req: Request) -> None:
-        """Turn end: the decoder's tail, persistence, the telemetry block, DONE."""
-        tail = req.decoder.flush().encode()
+        """Turn end: the detokenizer's tail, persistence, the telemetry block, DONE."""
+        tail = req.detokenizer.flush().encode()
         if tail:
             await req.emit(Data(req.id, tail))
         await self.persist_slot(req.slot)
         await self.save_usage()  # routing heat, at every turn end (empty for a dense model)
-        now = time.perf_counter()
-        gen_s = now - req.t_first if req.t_first else 0.0
-        tok_s = (req.emitted - 1) / gen_s if req.emitted > 1 and gen_s > 0 else 0.0
-        hit_pct, t_edisk, t_emm = 0.0, 0.0, 0.0
         if self.experts is None:
-            expert_events, counters = self.expert_telemetry(hits=True), None
+            maps, counters = telemetry.expert_events(None, hits=True), None
         else:
             async with self.step_lock:  # the forward thread changes the store's tiers during a step
-                expert_events, counters = self.expert_telemetry(hits=True), self.experts.counters()
-        if counters is not None and req.store_at_start is not None:
-            # the store serves every slot at once: a turn's figures are the store's over its span
-            c0, c1 = req.store_at_start, counters
-            uses = (c1.hits - c0.hits) + (c1.misses - c0.misses)
-            hit_pct = 100.0 * (c1.hits - c0.hits) / uses if uses else 0.0
-            t_edisk, t_emm = c1.t_disk - c0.t_disk, c1.t_compute - c0.t_compute
-        await req.emit(telemetry.hwinfo())
-        await req.emit(Perf(req.id, now - req.t_start, t_edisk=t_edisk, t_emm=t_emm, t_kvb=req.t_prefill,
-                             reused_tokens=req.reused, prefilled_tokens=len(req.prompt) - req.reused))
-        await req.emit(Entropy())
-        await req.emit(Gpus())
-        for event in expert_events:
+                maps, counters = telemetry.expert_events(self.experts, hits=True), self.experts.counters()
+        for event in telemetry.turn_end_events(req, counters, maps):
             await req.emit(event)
-        await req.emit(Done(req.id, req.emitted, tok_s, hit_pct, telemetry.rss_gb(), len(req.prompt),
-                             req.length_limited))
 
     def expert_telemetry(self, hits: bool) -> list[object]:
-        """TIERS, EMAP and (with ``hits``) HITS, from the expert store; zeros on a dense model."""
-        if self.experts is None:
-            return [Tiers(0, 0, 0, 0.0, 0.0), ExpertMap(0, 0, b"")] + ([Hits(0, 0, b"")] if hits else [])
-        ram, disk, ram_bytes = self.experts.tier_counts()
-        rows, cols = self.experts.shape
-        events: list[object] = [Tiers(0, ram, disk, 0.0, ram_bytes / telemetry.GB),
-                                ExpertMap(rows, cols, self.experts.expert_map())]
-        if hits:
-            events.append(Hits(rows, cols, self.experts.take_hits()))
-        return events
+        """TIERS, EMAP and (with ``hits``) HITS: at start, and at every turn end."""
+        return telemetry.expert_events(self.experts, hits)
 
     # ------------------------------------------------------------------ the step loop
 
@@ -300,66 +222,48 @@ class Engine:
             self._work = trio.Event()
             while self.active:
                 async with self.step_lock:
-                    rows = self._plan()
+                    plan = plan_step(self.active, self.prefill_chunk)
                     t0 = time.perf_counter()
-                    sampled = await trio.to_thread.run_sync(self._compute, rows)
-                    dt = time.perf_counter() - t0
-                    for req, n, _ in rows.shares:
-                        fed = req.todo[:n]
-                        req.slot.history.extend(fed)
-                        del req.todo[:n]
-                        if n > 1 or not req.emitted:
-                            req.t_prefill += dt
-                for (req, _, logit_row), choice in zip(rows.shares, sampled, strict=True):
+                    sampled = await trio.to_thread.run_sync(self._compute, plan)
+                    self._advance(plan, time.perf_counter() - t0)
+                for (req, _, logit_row), choice in zip(plan.shares, sampled, strict=True):
                     if logit_row is not None and not req.cancelled:
                         await self._accept(req, *choice)
                 await trio.sleep(0)  # let CANCEL and new SUBMITs in between steps
 
-    def _plan(self) -> StepRows:
-        """Decode rows first (one per request with one token to feed), then at most one prompt
-        chunk: serial prefill, one prompt at a time, in the order requests arrived."""
-        rows = StepRows()
-        decoding = [(r, 1) for r in self.active if len(r.todo) == 1]
-        prefill = next((r for r in self.active if len(r.todo) > 1), None)
-        chunk = [(prefill, min(self.prefill_chunk, len(prefill.todo)))] if prefill else []
-        rows.n_direct = len(decoding)
-        for req, n in decoding + chunk:
-            start = len(req.slot.history)
-            rows.tokens.extend(req.todo[:n])
-            rows.slots.extend([req.slot.index] * n)
-            rows.positions.extend(range(start, start + n))
-            last = len(rows.tokens) - 1 if n == len(req.todo) else None
-            rows.shares.append((req, n, last))
-        return rows
+    def _advance(self, plan: StepPlan, seconds: float) -> None:
+        """The step's rows are in the KV cache now: they move from each request's todo to its
+        slot's history."""
+        for req, n, _ in plan.shares:
+            req.slot.history.extend(req.todo[:n])
+            del req.todo[:n]
+            if n > 1 or not req.emitted:
+                req.t_prefill += seconds
 
-    def _compute(self, rows: StepRows) -> list[tuple[int, tuple | None] | None]:
+    def _compute(self, plan: StepPlan) -> list[Choice]:
         """The forward step and the sampling, in a worker thread."""
-        logit_rows = [r for _, _, r in rows.shares if r is not None]
-        logits = self.net.forward(
-            np.asarray(rows.tokens, np.int64), np.asarray(rows.slots, np.int64),
-            np.asarray(rows.positions, np.int64), self.kv, np.asarray(logit_rows, np.int64), rows.n_direct,
+        logits = self.model.forward(
+            np.asarray(plan.tokens, np.int64), np.asarray(plan.slots, np.int64),
+            np.asarray(plan.positions, np.int64), self.kv, np.asarray(plan.logit_rows, np.int64),
+            plan.n_direct,
         )
-        out: list[tuple[int, tuple | None] | None] = []
+        out: list[Choice] = []
         i = 0
-        for req, n, r in rows.shares:
+        for req, n, r in plan.shares:
             if r is None:
                 out.append(None)
                 continue
             row = logits[i]
             i += 1
-            recent = req.slot.history[-64:] + req.todo[:n]
+            recent = req.slot.history[-REPETITION_WINDOW:] + req.todo[:n]
             token = req.sampler(row, recent)
             out.append((token, self._topk(row, token) if self.topk else None))
         return out
 
     def _topk(self, row: np.ndarray, sampled: int) -> tuple[tuple[float, bytes], ...]:
-        """The sampled token first, then the best others: five (logprob, text) in all."""
-        best = np.argpartition(-row, TOPK_CANDIDATES)[:TOPK_CANDIDATES]
-        best = [int(t) for t in best[np.argsort(-row[best], kind="stable")] if t != sampled]
-        peak = float(row.max())
-        log_z = peak + math.log(float(np.exp(row - peak, dtype=np.float64).sum()))
-        chosen = [sampled, *best[: TOPK_CANDIDATES - 1]]
-        return tuple((float(row[t]) - log_z, self.tokenizer.token_bytes(t)) for t in chosen)
+        """TOPK's candidates: the sampled token first, then the best others, with their text."""
+        best = top_candidates(row, sampled, TOPK_CANDIDATES)
+        return tuple((lp, self.tokenizer.token_bytes(t)) for t, lp in best)
 
     async def _accept(self, req: Request, token: int, topk: tuple | None) -> None:
         """A sampled token: stream it, or end the turn."""
@@ -368,7 +272,7 @@ class Engine:
         if token in self.stop_ids:
             return self._end(req, limited=False)
         req.emitted += 1
-        text = req.decoder.feed(token).encode()
+        text = req.detokenizer.feed(token).encode()
         if text:
             await req.emit(Data(req.id, text))
         if topk is not None:

@@ -1,11 +1,11 @@
-"""What every architecture here shares: loading tensors, the attention half of a layer (with its
-variants), the dense SwiGLU feed-forward, the embedding and the output head.
+"""The parts of a layer every architecture here shares: the attention half (with its variants)
+and the dense SwiGLU feed-forward, each loaded from the file and computed by one compiled call.
 
-Each architecture's module (``llama.py``, ``qwen_moe.py``, ``glm4moe.py``) builds its layers from
-these and writes its own ``forward``, so that each reads top to bottom. A forward step is a ragged
-batch (see ``docs/architecture.md``): row t is token ``tokens[t]`` of KV slot ``slots[t]`` at
-``positions[t]``; rows ``[0, n_direct)`` are decode rows, which take the matmuls' direct path, the
-rest prompt rows (tiled). A row's result never depends on the other rows of the step.
+``decoder.py`` runs them layer by layer; an architecture's subclass only says how its layers differ.
+A forward step is a ragged batch (see ``docs/architecture.md``): row t is token ``tokens[t]`` of KV
+slot ``slots[t]`` at ``positions[t]``; rows ``[0, n_direct)`` are decode rows, which take the
+matmuls' direct path, the rest prompt rows (tiled). A row's result never depends on the other rows
+of the step.
 """
 
 from __future__ import annotations
@@ -15,63 +15,13 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
+from colibri.model.hparams import HParams
 from colibri.model.kernels.attention import attend, store_kv
 from colibri.model.kernels.ops import add_bias, add_into, rmsnorm, rmsnorm_heads, rope, swiglu
-from colibri.model.kernels.quant_matmul import Weight, dequantize_row, make_weight, qmatmul
-from colibri.store.gguf import GGUFError, GGUFFile
-
-_EMPTY = np.zeros(0, np.float32)
-
-
-# -- loading ---------------------------------------------------------------------------------------
-
-
-def load_weight(gguf: GGUFFile, *names: str) -> Weight:
-    """One matrix from one or more tensors of the same row length, stacked by rows."""
-    infos = [gguf.require_supported(n) for n in names]
-    parts = [(gguf.raw(n), int(i.gtype)) for n, i in zip(names, infos, strict=True)]
-    return make_weight(parts, infos[0].shape[0])
-
-
-def load_vector(gguf: GGUFFile, name: str) -> np.ndarray:
-    """A tensor (norm weights, biases) as a flat float32 vector, dequantized if stored otherwise."""
-    info = gguf.require_supported(name)
-    out = np.empty(info.n_elements, dtype=np.float32)
-    dequantize_row(gguf.raw(name).reshape(-1), int(info.gtype), out)
-    return out
-
-
-def load_matrix(gguf: GGUFFile, name: str) -> np.ndarray:
-    """A small matrix (a router) widened to float32 [rows, row length]."""
-    info = gguf.require_supported(name)
-    raw = gguf.raw(name)
-    out = np.empty((raw.shape[0], info.shape[0]), np.float32)
-    for r in range(raw.shape[0]):
-        dequantize_row(raw[r], int(info.gtype), out[r])
-    return out
-
-
-def optional_vector(gguf: GGUFFile, name: str) -> np.ndarray:
-    """``load_vector``, or an empty vector when the file has no such tensor."""
-    return load_vector(gguf, name) if name in gguf.tensors else _EMPTY
-
-
-def stacked_bias(gguf: GGUFFile, names: list[str], sizes: list[int]) -> np.ndarray:
-    """Biases of row-stacked matrices (q, k, v), stacked the same way; empty when none exists, zeros
-    for a part that has none."""
-    if not any(n in gguf.tensors for n in names):
-        return _EMPTY
-    return np.concatenate([
-        load_vector(gguf, n) if n in gguf.tensors else np.zeros(size, np.float32)
-        for n, size in zip(names, sizes, strict=True)
-    ])
-
-
-def require(gguf: GGUFFile, *names: str) -> None:
-    for name in names:
-        if name not in gguf.tensors:
-            raise GGUFError(f"{gguf.path}: tensor {name!r} is missing")
-
+from colibri.model.kernels.quant_matmul import qmatmul
+from colibri.model.network.weights import load_vector, load_weight, optional_vector, stacked_bias
+from colibri.store.gguf import GGUFFile
+from colibri.store.packed import SwiGLUWeights, Weight
 
 # -- attention -------------------------------------------------------------------------------------
 
@@ -98,7 +48,7 @@ class AttnShape(NamedTuple):
     neox: bool  # NEOX RoPE (pairs i, i + rope_dim/2) instead of llama's adjacent pairs
 
 
-def load_attention(gguf: GGUFFile, i: int, hp) -> Attention:
+def load_attention(gguf: GGUFFile, i: int, hp: HParams) -> Attention:
     """Layer i's attention with llama.cpp's tensor names; biases and q/k norms when present."""
     p = f"blk.{i}."
     q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
@@ -146,12 +96,9 @@ def attention(
 # -- feed-forward ----------------------------------------------------------------------------------
 
 
-class FFN(NamedTuple):
-    """A SwiGLU feed-forward: ``down(silu(gate · h) * (up · h))``. A dense layer's FFN, a shared
-    expert, and (as ``ExpertWeights``, the same two fields) a routed expert."""
-
-    gate_up: Weight  # gate and up stacked by rows: one matmul
-    down: Weight
+# A SwiGLU feed-forward: a dense layer's FFN, a shared expert, and a routed expert (the expert
+# store hands out the same type), so numba compiles ``swiglu_ffn`` once for all three.
+FFN = SwiGLUWeights
 
 
 def load_ffn(gguf: GGUFFile, prefix: str, suffix: str = "") -> FFN:
@@ -198,39 +145,3 @@ def attention_then_norm(
     ``h = rmsnorm(x)``, the input of the experts."""
     attention(x, a, sh, k_cache, v_cache, layer, slots, positions, inv_freq, n_direct, h)
     rmsnorm(x, ffn_norm, sh.eps, h)
-
-
-# -- embedding and output --------------------------------------------------------------------------
-
-
-@nb.njit(nogil=True, cache=True)
-def embed(tokens: np.ndarray, table: np.ndarray, gtype: int, out: np.ndarray) -> None:
-    for t in range(tokens.shape[0]):
-        dequantize_row(table[tokens[t]], gtype, out[t])
-
-
-class Embedding:
-    """The token embedding table (a view of the mmap), the final norm and the output matrix
-    (tied to the embedding when the file has no ``output.weight``)."""
-
-    def __init__(self, gguf: GGUFFile, n_embd: int, eps: float) -> None:
-        info = gguf.require_supported("token_embd.weight")
-        self.table, self.gtype = gguf.raw("token_embd.weight"), int(info.gtype)
-        self.n_embd, self.eps = n_embd, eps
-        self.output_norm = load_vector(gguf, "output_norm.weight")
-        has_output = "output.weight" in gguf.tensors
-        self.output = load_weight(gguf, "output.weight" if has_output else "token_embd.weight")
-
-    def embed(self, tokens: np.ndarray) -> np.ndarray:
-        x = np.empty((tokens.shape[0], self.n_embd), np.float32)
-        embed(tokens, self.table, self.gtype, x)
-        return x
-
-    def logits(self, x: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
-        """Final norm and output matmul of the rows asked for, on the direct path (one row per
-        sequence, whatever else is in the step)."""
-        h = np.empty((logit_rows.shape[0], self.n_embd), np.float32)
-        rmsnorm(np.ascontiguousarray(x[logit_rows]), self.output_norm, self.eps, h)
-        logits = np.empty((h.shape[0], self.output.n_rows), np.float32)
-        qmatmul(h, self.output, logits, h.shape[0])
-        return logits

@@ -15,19 +15,19 @@ A layer: ``x += attention(rmsnorm(x))``, then ``x += moe(rmsnorm(x, ffn_norm))``
 
 from __future__ import annotations
 
-from colibri.model.decoder import Decoder
+from colibri.model.network.decoder import Decoder
 
 
-class QwenMoeModel(Decoder):
+class QwenMoeDecoder(Decoder):
     """qwen2moe and qwen3moe (the differences are in the file: which tensors a layer has, and the
     renormalisation default of each subclass)."""
 
     NEOX = True
 
 
-class Qwen2MoeModel(QwenMoeModel):
+class Qwen2MoeDecoder(QwenMoeDecoder):
     NORM_TOPK = False
 
 
-class Qwen3MoeModel(QwenMoeModel):
+class Qwen3MoeDecoder(QwenMoeDecoder):
     NORM_TOPK = True

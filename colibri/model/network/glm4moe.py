@@ -18,13 +18,13 @@ A layer: ``x += attention(rmsnorm(x))``, then ``x += ffn(rmsnorm(x, post_attenti
 
 from __future__ import annotations
 
-from colibri.model.decoder import Decoder
 from colibri.model.hparams import HParams
-from colibri.model.moe import GATING_SIGMOID
+from colibri.model.network.decoder import Decoder
+from colibri.model.network.moe import GATING_SIGMOID
 from colibri.store.gguf import GGUFFile
 
 
-class Glm4MoeModel(Decoder):
+class Glm4MoeDecoder(Decoder):
     """glm4moe: sigmoid gating, and (llama.cpp's default) no renormalisation unless the file asks
     for it; NEOX RoPE; the FFN norm is ``post_attention_norm``; leading layers dense."""
 

@@ -29,7 +29,8 @@ import numpy as np
 
 from colibri.model.hparams import HParams
 from colibri.model.kernels.ops import add_into
-from colibri.model.transformer import FFN, load_ffn, load_matrix, optional_vector, swiglu_ffn
+from colibri.model.network.layers import FFN, load_ffn, swiglu_ffn
+from colibri.model.network.weights import load_matrix, optional_vector
 from colibri.store.experts import ExpertStore, ExpertWeights
 from colibri.store.gguf import GGUFError, GGUFFile
 

@@ -9,8 +9,8 @@ call; a MoE layer is the attention call, the routing, one call per distinct expe
 
 from __future__ import annotations
 
-from colibri.model.decoder import Decoder
+from colibri.model.network.decoder import Decoder
 
 
-class LlamaModel(Decoder):
+class LlamaDecoder(Decoder):
     """llama and mixtral: adjacent-pair RoPE, softmax top-k renormalised, ``ffn_norm``."""

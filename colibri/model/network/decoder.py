@@ -1,5 +1,6 @@
 """The decoder loop that every architecture here shares; each architecture's module (``llama.py``,
-``qwen_moe.py``, ``glm4moe.py``) is a subclass that says how its layers differ.
+``qwen_moe.py``, ``glm4moe.py``) is a subclass that says how its layers differ (class attributes,
+``is_moe``), never a forward pass of its own.
 
 A layer: ``x += attention(rmsnorm(x))``, then ``x += ffn(rmsnorm(x, <ffn norm>))``, the FFN being a
 dense SwiGLU (one compiled call for the whole layer) or the layer's experts (the attention call, the
@@ -14,22 +15,17 @@ import numpy as np
 from colibri.model.hparams import HParams
 from colibri.model.kernels.ops import add_into, rope_frequencies
 from colibri.model.kv_cache import KVCache
-from colibri.model.moe import GATING_SOFTMAX, load_moe_ffn, routing
-from colibri.model.transformer import (
-    AttnShape,
-    Embedding,
-    attention_then_norm,
-    dense_layer,
-    load_attention,
-    load_ffn,
-    load_vector,
-)
+from colibri.model.network.embedding import Embedding, OutputHead
+from colibri.model.network.layers import AttnShape, attention_then_norm, dense_layer, load_attention, load_ffn
+from colibri.model.network.moe import GATING_SOFTMAX, load_moe_ffn, routing
+from colibri.model.network.weights import load_vector
 from colibri.store.experts import ExpertStore
 from colibri.store.gguf import GGUFFile
 
 
 class Decoder:
-    """Weights (views of the mmap, packed) and the forward step."""
+    """Weights (views of the mmap, packed) and the forward step; ``experts`` is the expert store
+    (no layers in a dense model)."""
 
     GATING = GATING_SOFTMAX  # the router's gating unless the file says (expert_gating_func)
     NORM_TOPK = True  # renormalise the top-k weights unless the file says (expert_weights_norm)
@@ -42,8 +38,9 @@ class Decoder:
     def __init__(self, gguf: GGUFFile, hp: HParams, ram_budget: int | None = None) -> None:
         """``ram_budget``: bytes the expert store's resident copies may take (None: no limit)."""
         self.hp = hp
-        self.embedding = Embedding(gguf, hp.n_embd, hp.norm_eps)
-        self.experts = ExpertStore(gguf, hp, ram_budget)
+        self.embedding = Embedding(gguf, hp.n_embd)
+        self.head = OutputHead(gguf, hp.n_embd, hp.norm_eps)
+        self.experts = ExpertStore(gguf, hp.n_layers, hp.n_expert, hp.n_expert_used, ram_budget)
         rule = routing(hp, self.GATING, norm=self.NORM_TOPK)
         self.attn, self.ffn_norm, self.ffn, self.moe = [], [], [], []
         for i in range(hp.n_layers):
@@ -64,7 +61,7 @@ class Decoder:
 
         The first ``n_direct`` rows are decode rows (the direct matmul path), the rest prompt rows
         (tiled); the logits always take the direct path, one row per sequence."""
-        x = self.embedding.embed(tokens)
+        x = self.embedding(tokens)
         h = np.empty_like(x)
         for i in range(self.hp.n_layers):
             args = (self.shape, kv.k, kv.v, i, slots, positions, self.inv_freq, n_direct)
@@ -73,4 +70,4 @@ class Decoder:
             else:
                 attention_then_norm(x, self.attn[i], self.ffn_norm[i], *args, h)
                 add_into(x, self.moe[i](h, n_direct))
-        return self.embedding.logits(x, logit_rows)
+        return self.head(x, logit_rows)

@@ -1,0 +1,56 @@
+"""What the engine needs of a loaded model, and nothing more: the scheduler (``colibri.sched``)
+depends on these Protocols, never on the network, the kernels or the store behind them.
+
+``Model`` (``loader.py``) is the implementation; a test may hand the engine anything that fits.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from colibri.model.chat import ChatTemplate
+from colibri.model.hparams import HParams
+from colibri.model.kv_cache import KVCache
+from colibri.model.tokenizer import GGUFTokenizer
+from colibri.store.experts import StoreCounters
+
+
+class ExpertTelemetry(Protocol):
+    """The expert store as the engine sees it: counters, tiers, heat and the protocol's maps. The
+    forward pass changes all of these during a step: read them between steps."""
+
+    heat: np.ndarray  # decayed routings per (MoE layer, expert), persisted to .coli_usage
+
+    @property
+    def shape(self) -> tuple[int, int]: ...  # (MoE layers, experts): the maps' rows and columns
+
+    def counters(self) -> StoreCounters: ...
+
+    def tier_counts(self) -> tuple[int, int, int]: ...  # (RAM experts, disk experts, RAM bytes)
+
+    def expert_map(self) -> bytes: ...  # EMAP: (tier << 6) | heat bucket per expert
+
+    def take_hits(self) -> bytes: ...  # HITS since the previous call, one bit per expert
+
+    def pin_hottest(self, heat: np.ndarray | None) -> int: ...  # pin from persisted heat
+
+
+class EngineModel(Protocol):
+    """A loaded model: one forward step over a ragged batch of rows, and what surrounds it."""
+
+    hp: HParams
+    fingerprint: bytes  # of the file: persisted state from another model is refused
+    experts: ExpertTelemetry | None  # None: a dense model (no expert store to report)
+
+    @property
+    def tokenizer(self) -> GGUFTokenizer: ...
+
+    @property
+    def chat_template(self) -> ChatTemplate: ...
+
+    def new_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache: ...
+
+    def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
+                logit_rows: np.ndarray, n_direct: int) -> np.ndarray: ...

@@ -1,0 +1,19 @@
+"""The network: the decoder loop every architecture shares (``decoder.py``), the parts of its
+layers (``layers.py``, ``moe.py``), both ends (``embedding.py``), reading weights (``weights.py``),
+and one small subclass per architecture family. The model's insides: only ``colibri.model``'s own
+modules import from here; the engine sees a loaded model through ``colibri.model.interface``."""
+
+from colibri.model.network.decoder import Decoder
+from colibri.model.network.glm4moe import Glm4MoeDecoder
+from colibri.model.network.llama import LlamaDecoder
+from colibri.model.network.qwen_moe import Qwen2MoeDecoder, Qwen3MoeDecoder
+
+# GGUF general.architecture -> network. Mixtral-style models are "llama" with expert tensors.
+ARCHITECTURES: dict[str, type[Decoder]] = {
+    "llama": LlamaDecoder,
+    "qwen2moe": Qwen2MoeDecoder,
+    "qwen3moe": Qwen3MoeDecoder,
+    "glm4moe": Glm4MoeDecoder,
+}
+
+__all__ = ["ARCHITECTURES", "Decoder"]

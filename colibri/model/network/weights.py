@@ -1,0 +1,58 @@
+"""Reading tensors out of the file into the forms the network computes with: packed matrices
+(``colibri.store.packed``) for the matmuls, float32 vectors and small matrices for the rest."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from colibri.store.gguf import GGUFError, GGUFFile
+from colibri.store.packed import Weight, dequantize_row, make_weight
+
+_EMPTY = np.zeros(0, np.float32)
+
+
+def load_weight(gguf: GGUFFile, *names: str) -> Weight:
+    """One matrix from one or more tensors of the same row length, stacked by rows."""
+    infos = [gguf.require_supported(n) for n in names]
+    parts = [(gguf.raw(n), int(i.gtype)) for n, i in zip(names, infos, strict=True)]
+    return make_weight(parts, infos[0].shape[0])
+
+
+def load_vector(gguf: GGUFFile, name: str) -> np.ndarray:
+    """A tensor (norm weights, biases) as a flat float32 vector, dequantized if stored otherwise."""
+    info = gguf.require_supported(name)
+    out = np.empty(info.n_elements, dtype=np.float32)
+    dequantize_row(gguf.raw(name).reshape(-1), int(info.gtype), out)
+    return out
+
+
+def load_matrix(gguf: GGUFFile, name: str) -> np.ndarray:
+    """A small matrix (a router) widened to float32 [rows, row length]."""
+    info = gguf.require_supported(name)
+    raw = gguf.raw(name)
+    out = np.empty((raw.shape[0], info.shape[0]), np.float32)
+    for r in range(raw.shape[0]):
+        dequantize_row(raw[r], int(info.gtype), out[r])
+    return out
+
+
+def optional_vector(gguf: GGUFFile, name: str) -> np.ndarray:
+    """``load_vector``, or an empty vector when the file has no such tensor."""
+    return load_vector(gguf, name) if name in gguf.tensors else _EMPTY
+
+
+def stacked_bias(gguf: GGUFFile, names: list[str], sizes: list[int]) -> np.ndarray:
+    """Biases of row-stacked matrices (q, k, v), stacked the same way; empty when none exists, zeros
+    for a part that has none."""
+    if not any(n in gguf.tensors for n in names):
+        return _EMPTY
+    return np.concatenate([
+        load_vector(gguf, n) if n in gguf.tensors else np.zeros(size, np.float32)
+        for n, size in zip(names, sizes, strict=True)
+    ])
+
+
+def require(gguf: GGUFFile, *names: str) -> None:
+    for name in names:
+        if name not in gguf.tensors:
+            raise GGUFError(f"{gguf.path}: tensor {name!r} is missing")

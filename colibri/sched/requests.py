@@ -1,0 +1,50 @@
+"""The engine's state per KV slot and per request."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from colibri.io.events import Submit
+from colibri.model.interface import StoreCounters
+from colibri.model.sampling import Sampler
+from colibri.model.tokenizer import StreamDecoder
+
+# Where a request's events go: the protocol driver's encoder, or a capture around it (legacy).
+Emit = Callable[[object], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class Slot:
+    index: int
+    history: list[int] = field(default_factory=list)  # tokens whose K/V are in the cache, in order
+    owner: Request | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    """One SUBMIT from acceptance to its DONE or ERROR. Its task in the engine's nursery runs inside
+    ``scope``, which CANCEL cancels; ``finished`` is set when generation ends."""
+
+    id: int
+    slot: Slot
+    submit: Submit
+    sampler: Sampler
+    emit: Emit
+    detokenizer: StreamDecoder
+    prompt: list[int] = field(default_factory=list)
+    todo: list[int] = field(default_factory=list)  # tokens still to feed: prompt suffix, then the last sample
+    emitted: int = 0
+    reused: int = 0
+    admitted: bool = False
+    length_limited: bool = False
+    cancelled: bool = False
+    finished: trio.Event = field(default_factory=trio.Event)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    t_start: float = field(default_factory=time.perf_counter)
+    t_first: float = 0.0
+    t_prefill: float = 0.0
+    store_at_start: StoreCounters | None = None  # the expert store's counters when admitted

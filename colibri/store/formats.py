@@ -1,0 +1,242 @@
+"""Block formats: one table entry each (geometry, kind, packing layout), and plain numpy
+(de)quantizers that serve as the reference.
+
+The packed layout (``colibri.store.packed``) and the kernels (``colibri.model.kernels``) compute on
+these blocks; the functions here are the slow, obviously-correct definition their tests compare
+against, and what ``coli convert`` writes with.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+
+class GGMLType(enum.IntEnum):
+    """ggml's tensor type ids, as GGUF stores them."""
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
+    Q8_0 = 8
+    Q8_1 = 9
+    Q2_K = 10
+    Q3_K = 11
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
+    Q8_K = 15
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    F64 = 28
+    BF16 = 30
+
+
+# Elements per block of the 32-element formats (Q4_0, Q4_1, Q8_0 …): the unit one scale covers.
+BLOCK = 32
+
+
+class Kind(enum.IntEnum):
+    """How the kernels compute on a format's packed copy (``colibri.store.packed``)."""
+
+    FLOAT = 0  # widened to float32 rows, multiplied by BLAS
+    Q4 = 1  # 4-bit quants, two per byte, with a float32 scale and offset per block
+    Q8 = 2  # 8-bit quants (stored biased, q + 128), with a float32 scale and offset per block
+
+
+class PackLayout(NamedTuple):
+    """Where a quantized block keeps its parts, for packing: ``value = d * q + m``."""
+
+    quants_at: int  # byte offset of the quants in the block (after the f16 scale, and min if any)
+    min_at: int  # byte offset of an f16 min (Q4_1), or -1: the offset is ``offset_scale * d``
+    offset_scale: float  # m = offset_scale * d when there is no stored min (Q4_0: -8, Q8_0: -128)
+    flip: int  # XOR applied to each quant byte (Q8_0: 0x80, so a signed quant becomes q + 128)
+
+
+Dequantize = Callable[[np.ndarray], np.ndarray]  # raw blocks [n, bytes] -> float32 values [n * block]
+Quantize = Callable[[np.ndarray], np.ndarray]  # float32 values [n, block] -> raw blocks [n, bytes]
+
+
+class BlockFormat(NamedTuple):
+    """One block format. ``kind`` None: a file holding it opens, lists and bounds-checks, but the
+    kernels cannot compute on it; ``dequantize``/``quantize`` are the numpy reference."""
+
+    gtype: GGMLType
+    block: int  # elements per block
+    nbytes: int  # bytes per block
+    kind: Kind | None = None
+    pack: PackLayout | None = None  # the quantized formats the kernels compute on
+    dequantize: Dequantize | None = None
+    quantize: Quantize | None = None
+
+
+# -- the reference (de)quantizers, one pair per format ---------------------------------------------
+
+
+def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The f16 at byte ``at`` of every block, as a float32 column."""
+    return blocks[:, at : at + 2].copy().view(np.float16).astype(np.float32)
+
+
+def _f16_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16)[:, None].view(np.uint8)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """Quants j (low nibble of byte j) and j + 16 (high nibble) of each block, in element order."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
+
+
+def _safe_inverse(d: np.ndarray) -> np.ndarray:
+    return np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0.0)
+
+
+def _dequantize_q4_0(blocks: np.ndarray) -> np.ndarray:
+    return _f16(blocks, 0) * (_nibbles(blocks[:, 2:18]) - 8.0)
+
+
+def _quantize_q4_0(x: np.ndarray) -> np.ndarray:
+    mx = x[np.arange(len(x)), np.abs(x).argmax(axis=1)]
+    d = mx / -8.0
+    q = np.clip(np.floor(x * _safe_inverse(d)[:, None] + 8.5), 0, 15).astype(np.uint8)
+    return np.concatenate([_f16_bytes(d), q[:, :16] | (q[:, 16:] << 4)], axis=1)
+
+
+def _dequantize_q4_1(blocks: np.ndarray) -> np.ndarray:
+    return _f16(blocks, 0) * _nibbles(blocks[:, 4:20]) + _f16(blocks, 2)
+
+
+def _quantize_q4_1(x: np.ndarray) -> np.ndarray:
+    lo, hi = x.min(axis=1), x.max(axis=1)
+    d = (hi - lo) / 15.0
+    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1), 0.0)
+    q = np.clip(np.floor((x - lo[:, None]) * inv[:, None] + 0.5), 0, 15).astype(np.uint8)
+    head = np.stack([d.astype(np.float16), lo.astype(np.float16)], axis=1).view(np.uint8)
+    return np.concatenate([head, q[:, :16] | (q[:, 16:] << 4)], axis=1)
+
+
+def _dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
+    return _f16(blocks, 0) * blocks[:, 2:].view(np.int8).astype(np.float32)
+
+
+def _quantize_q8_0(x: np.ndarray) -> np.ndarray:
+    d = np.abs(x).max(axis=1) / 127.0
+    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1), 0.0)
+    q = np.clip(np.round(x * inv[:, None]), -127, 127).astype(np.int8)
+    return np.concatenate([_f16_bytes(d), q.view(np.uint8)], axis=1)
+
+
+def _dequantize_f32(blocks: np.ndarray) -> np.ndarray:
+    return blocks.reshape(-1).view(np.float32)
+
+
+def _quantize_f32(x: np.ndarray) -> np.ndarray:
+    return x.reshape(-1, 1).view(np.uint8)
+
+
+def _dequantize_f16(blocks: np.ndarray) -> np.ndarray:
+    return blocks.reshape(-1).view(np.float16).astype(np.float32)
+
+
+def _quantize_f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+
+def _dequantize_bf16(blocks: np.ndarray) -> np.ndarray:
+    return (blocks.reshape(-1).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def _quantize_bf16(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even, as ggml does."""
+    bits = x.reshape(-1).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return rounded.reshape(-1, 1).view(np.uint8)
+
+
+# -- the table -------------------------------------------------------------------------------------
+
+
+def _table(*entries: BlockFormat) -> dict[GGMLType, BlockFormat]:
+    return {f.gtype: f for f in entries}
+
+
+# Every type whose size we know, so that a file holding a type we cannot compute on can still be
+# opened, listed and bounds-checked. Adding a format: docs/architecture.md, "Adding a block format".
+FORMATS: dict[GGMLType, BlockFormat] = _table(
+    BlockFormat(GGMLType.F32, 1, 4, Kind.FLOAT, None, _dequantize_f32, _quantize_f32),
+    BlockFormat(GGMLType.F16, 1, 2, Kind.FLOAT, None, _dequantize_f16, _quantize_f16),
+    BlockFormat(GGMLType.BF16, 1, 2, Kind.FLOAT, None, _dequantize_bf16, _quantize_bf16),
+    BlockFormat(GGMLType.Q4_0, BLOCK, 18, Kind.Q4,
+                PackLayout(quants_at=2, min_at=-1, offset_scale=-8.0, flip=0),
+                _dequantize_q4_0, _quantize_q4_0),
+    BlockFormat(GGMLType.Q4_1, BLOCK, 20, Kind.Q4,
+                PackLayout(quants_at=4, min_at=2, offset_scale=0.0, flip=0),
+                _dequantize_q4_1, _quantize_q4_1),
+    BlockFormat(GGMLType.Q8_0, BLOCK, 34, Kind.Q8,
+                PackLayout(quants_at=2, min_at=-1, offset_scale=-128.0, flip=0x80),
+                _dequantize_q8_0, _quantize_q8_0),
+    BlockFormat(GGMLType.Q5_0, BLOCK, 22),
+    BlockFormat(GGMLType.Q5_1, BLOCK, 24),
+    BlockFormat(GGMLType.Q8_1, BLOCK, 40),
+    BlockFormat(GGMLType.Q2_K, 256, 84),
+    BlockFormat(GGMLType.Q3_K, 256, 110),
+    BlockFormat(GGMLType.Q4_K, 256, 144),
+    BlockFormat(GGMLType.Q5_K, 256, 176),
+    BlockFormat(GGMLType.Q6_K, 256, 210),
+    BlockFormat(GGMLType.Q8_K, 256, 292),
+    BlockFormat(GGMLType.I8, 1, 1),
+    BlockFormat(GGMLType.I16, 1, 2),
+    BlockFormat(GGMLType.I32, 1, 4),
+    BlockFormat(GGMLType.I64, 1, 8),
+    BlockFormat(GGMLType.F64, 1, 8),
+)
+
+# (elements per block, bytes per block), derived from the table.
+BLOCK_GEOMETRY: dict[GGMLType, tuple[int, int]] = {t: (f.block, f.nbytes) for t, f in FORMATS.items()}
+
+# The formats the kernels compute on.
+SUPPORTED: frozenset[GGMLType] = frozenset(t for t, f in FORMATS.items() if f.kind is not None)
+
+
+def computed_format(gtype: int) -> BlockFormat:
+    """The table entry of a type the kernels compute on; ValueError for any other (never a silent
+    fallback to another format's layout)."""
+    fmt = FORMATS.get(GGMLType(gtype)) if gtype in GGMLType._value2member_map_ else None
+    if fmt is None or fmt.kind is None:
+        raise ValueError(f"block type {gtype} is not one the kernels compute on")
+    return fmt
+
+
+def row_nbytes(gtype: GGMLType, n_elements: int) -> int:
+    """Bytes of one row of ``n_elements`` values (rows are whole blocks in GGUF)."""
+    per_block, block_bytes = BLOCK_GEOMETRY[gtype]
+    if n_elements % per_block:
+        raise ValueError(f"{gtype.name} rows must be a multiple of {per_block} values")
+    return n_elements // per_block * block_bytes
+
+
+def dequantize(raw: np.ndarray, gtype: GGMLType, n_elements: int) -> np.ndarray:
+    """Reference dequantization of ``n_elements`` values from the bytes ``raw`` to float32."""
+    fmt = FORMATS.get(gtype)
+    if fmt is None or fmt.dequantize is None:
+        raise ValueError(f"no dequantizer for {GGMLType(gtype).name}")
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    blocks = raw[: n_elements // fmt.block * fmt.nbytes].reshape(-1, fmt.nbytes)
+    return np.ascontiguousarray(fmt.dequantize(blocks).reshape(-1)[:n_elements], dtype=np.float32).copy()
+
+
+def quantize(values: np.ndarray, gtype: GGMLType) -> np.ndarray:
+    """Reference quantization to the bytes of ``gtype`` (round-to-nearest, as ggml does)."""
+    fmt = FORMATS.get(gtype)
+    if fmt is None or fmt.quantize is None:
+        raise ValueError(f"no quantizer for {GGMLType(gtype).name}")
+    x = np.ascontiguousarray(values, dtype=np.float32).reshape(-1, fmt.block)
+    return np.ascontiguousarray(fmt.quantize(x)).reshape(-1).copy()

@@ -1,0 +1,195 @@
+"""The packed layout: a matrix as the kernels read it, which is also the RAM tier's format.
+
+GGUF stores a matrix row by row, each row a run of blocks with their own scale. A kernel walking a
+row must reduce every block horizontally, which SIMD does badly, so each quantized matrix is
+*packed* once (at load, or when an expert is fetched): GROUP rows are interleaved block by block,
+
+    q[g, b, j, r]   quant j of block b of row GROUP*g + r   (Q4: a byte of two nibbles, Q8: q + 128)
+    d[g, b, r]      that block's scale;  m[g, b, r] its offset (Q4_1's min, -8d Q4_0, -128d Q8_0)
+
+so the rows of a group are SIMD lanes (``colibri.model.kernels.quant_matmul``). The bits stay 4- or
+8-bit; only the scales widen to float32. Float formats, and stacks that mix kinds, are widened to
+float32 rows. Packing is deterministic, so a resident copy and one packed from the file on a miss
+give the same bits. The formats themselves are the table in ``formats.py``.
+
+numba widens integer arithmetic on small types to int64, which quarters the SIMD lanes; nibbles are
+therefore split in float32 arithmetic (``nibbles``) and Q8_0's quants kept *biased* (``q + 128``,
+an unsigned byte, with ``m = -128 d``): a byte converts to float32 in one vector instruction.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba as nb
+import numpy as np
+
+from colibri.store.formats import BLOCK, FORMATS, GGMLType, Kind, computed_format
+
+# Rows interleaved by packing: the SIMD lanes of the direct path. 32, not 16 (one AVX-512
+# vector): LLVM leaves the 16-trip lane loops scalar and vectorizes the 32-trip ones.
+GROUP = 32
+# Quant bytes per block per row in the packed layout: Q4 keeps two nibbles a byte, Q8 one quant.
+Q4_BYTES = BLOCK // 2
+Q8_BYTES = BLOCK
+
+# The kinds as plain ints, for numba (``Weight.kind``).
+KIND_F32, KIND_Q4, KIND_Q8 = int(Kind.FLOAT), int(Kind.Q4), int(Kind.Q8)
+
+T_F32 = int(GGMLType.F32)
+T_F16 = int(GGMLType.F16)
+T_BF16 = int(GGMLType.BF16)
+T_Q8_0 = int(GGMLType.Q8_0)
+T_Q4_0 = int(GGMLType.Q4_0)
+T_Q4_1 = int(GGMLType.Q4_1)
+
+# IEEE half -> float32 for every bit pattern: numba has no float16 on the CPU, and a 256 KB table
+# lookup is cheaper than decoding exponent and mantissa by hand.
+F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+# numba options for every kernel on packed data. fastmath without 'reassoc': no loop here needs
+# reassociation (the lanes are independent), and without it a row's result is bitwise the same
+# whether it is computed alone or in a batch.
+JIT_OPTIONS = dict(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz", "arcp", "contract", "afn"})
+
+
+class Weight(NamedTuple):
+    """A matrix in the packed layout. One type for every format, so that a layer's weights form a
+    homogeneous tuple for numba; the arrays a kind does not use are empty."""
+
+    kind: int
+    n_rows: int
+    q: np.ndarray  # uint8 [G, nb, Q4_BYTES or Q8_BYTES, GROUP]
+    d: np.ndarray  # float32 [G, nb, GROUP]
+    m: np.ndarray  # float32 [G, nb, GROUP]
+    f: np.ndarray  # float32 [N, K], for the float formats
+
+
+class SwiGLUWeights(NamedTuple):
+    """A SwiGLU feed-forward, ``down(silu(gate · h) * (up · h))``: a dense layer's FFN, a shared
+    expert, and a routed expert as the expert store hands it out."""
+
+    gate_up: Weight  # gate and up stacked by rows: one matmul
+    down: Weight
+
+
+_EMPTY_Q = np.zeros((0, 0, 0, 0), np.uint8)
+_EMPTY_S = np.zeros((0, 0, 0), np.float32)
+_EMPTY_F = np.zeros((0, 0), np.float32)
+
+
+def packed_kind(types: list[int]) -> int:
+    """The kind a stack of tensors packs to: their common quantized kind, else float32. An unknown
+    type raises."""
+    kinds = {int(computed_format(t).kind) for t in types}
+    return kinds.pop() if len(kinds) == 1 else KIND_F32
+
+
+def packed_nbytes(parts: list[tuple[int, int]], n_cols: int) -> int:
+    """Bytes ``make_weight`` will allocate for parts of (rows, block type), without reading them:
+    the expert store budgets experts it has not packed yet."""
+    kind, n_rows = packed_kind([t for _, t in parts]), sum(rows for rows, _ in parts)
+    if kind == KIND_F32:
+        return n_rows * n_cols * 4
+    per = Q4_BYTES if kind == KIND_Q4 else Q8_BYTES  # quant bytes per block per row, then d and m
+    return -(-n_rows // GROUP) * GROUP * (n_cols // BLOCK) * (per + 8)
+
+
+def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int) -> Weight:
+    """One matrix from the raw GGUF rows of one or more tensors stacked by rows (q, k and v
+    become one matmul). Parts of one quantized kind pack to it; anything else, or a mix of kinds,
+    is widened to float32."""
+    kind, n_rows = packed_kind([t for _, t in parts]), sum(raw.shape[0] for raw, _ in parts)
+    if kind != KIND_F32:
+        groups, n_blocks = -(-n_rows // GROUP), n_cols // BLOCK
+        q = np.zeros((groups, n_blocks, Q4_BYTES if kind == KIND_Q4 else Q8_BYTES, GROUP), np.uint8)
+        d = np.zeros((groups, n_blocks, GROUP), np.float32)
+        m = np.zeros((groups, n_blocks, GROUP), np.float32)
+        row = 0
+        for raw, t in parts:
+            fmt = FORMATS[GGMLType(t)]
+            layout = fmt.pack
+            _pack_rows(raw, fmt.nbytes, layout.quants_at, layout.min_at, layout.offset_scale,
+                       np.uint8(layout.flip), row, q, d, m)
+            row += raw.shape[0]
+        return Weight(kind, n_rows, q, d, m, _EMPTY_F)
+    f = np.empty((n_rows, n_cols), np.float32)
+    row = 0
+    for raw, t in parts:
+        computed_format(t)  # an unknown type raises here, not in the compiled loop
+        for r in range(raw.shape[0]):
+            dequantize_row(raw[r], t, f[row])
+            row += 1
+    return Weight(KIND_F32, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, f)
+
+
+@nb.njit(inline="always", **JIT_OPTIONS)
+def nibbles(byte: np.uint8) -> tuple[np.float32, np.float32]:
+    """(low, high) nibble of a byte as float32. Split in float arithmetic on purpose: numba
+    widens integer ``&`` and ``>>`` to int64, which halves the SIMD lanes (2.5x slower here)."""
+    v = np.float32(byte)
+    hi = np.floor(v * np.float32(0.0625))
+    return v - np.float32(16.0) * hi, hi
+
+
+@nb.njit(inline="always", **JIT_OPTIONS)
+def half(lo: np.uint8, hi: np.uint8) -> np.float32:
+    """The IEEE half whose little-endian bytes are (lo, hi), as float32."""
+    return F16_TABLE[np.int64(lo) | (np.int64(hi) << 8)]
+
+
+@nb.njit(**JIT_OPTIONS)
+def _pack_rows(raw: np.ndarray, size: int, quants_at: int, min_at: int, offset_scale: float,
+               flip: np.uint8, row0: int, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
+    """Raw GGUF rows of one quantized format (its ``PackLayout``: block ``size`` in bytes, where
+    the quants and the min are) into rows ``row0..`` of the packed layout, in one pass: experts are
+    packed on every miss, so this runs near memory speed (1.7 GB/s here, twice the numpy version's
+    temporaries; a group-major order, writing whole lane vectors, was slower)."""
+    for r in range(raw.shape[0]):
+        g, lane = divmod(row0 + r, GROUP)
+        row = raw[r]
+        for b in range(q.shape[1]):
+            base = b * size
+            scale = half(row[base], row[base + 1])
+            d[g, b, lane] = scale
+            if min_at >= 0:
+                m[g, b, lane] = half(row[base + min_at], row[base + min_at + 1])
+            else:
+                m[g, b, lane] = np.float32(offset_scale) * scale
+            qs = q[g, b]
+            for j in range(q.shape[2]):
+                qs[j, lane] = row[base + quants_at + j] ^ flip
+
+
+@nb.njit(**JIT_OPTIONS)
+def dequantize_row(w: np.ndarray, gtype: int, out: np.ndarray) -> None:
+    """Expand one raw GGUF row ``w`` into ``out`` (float32, the row's length): embeddings, norms,
+    routers and float-widened matrices. A type with no branch here raises."""
+    k = out.shape[0]
+    if gtype == T_Q4_1 or gtype == T_Q4_0:
+        size = 20 if gtype == T_Q4_1 else 18
+        for b in range(k // BLOCK):
+            base = b * size
+            d = half(w[base], w[base + 1])
+            m = half(w[base + 2], w[base + 3]) if gtype == T_Q4_1 else np.float32(-8.0) * d
+            qs = base + size - Q4_BYTES
+            for j in range(Q4_BYTES):
+                lo, hi = nibbles(w[qs + j])
+                out[b * BLOCK + j] = d * lo + m
+                out[b * BLOCK + Q4_BYTES + j] = d * hi + m
+    elif gtype == T_Q8_0:
+        for b in range(k // BLOCK):
+            base = b * 34
+            d = half(w[base], w[base + 1])
+            for j in range(BLOCK):
+                out[b * BLOCK + j] = d * np.float32(np.int8(w[base + 2 + j]))
+    elif gtype == T_F32:
+        out[:] = w[: 4 * k].view(np.float32)
+    elif gtype == T_F16:
+        for i in range(k):
+            out[i] = half(w[2 * i], w[2 * i + 1])
+    elif gtype == T_BF16:
+        bits = w[: 2 * k].view(np.uint16).astype(np.uint32) << np.uint32(16)  # stays uint32
+        out[:] = bits.view(np.float32)
+    else:
+        raise ValueError("dequantize_row: a block type the kernels do not compute on")

@@ -1,0 +1,112 @@
+"""Shared by the ``coli convert`` tests: the tiny Hugging Face checkpoints, an independent
+safetensors reader and writer, running the conversion, and reading a converted file's values."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from colibri.cli import main
+from colibri.store.formats import GGMLType, dequantize
+from colibri.store.gguf import GGUFFile
+
+TINY = Path(__file__).parent / "data" / "tiny_hf"
+ARCHS = ["llama", "mixtral", "qwen2moe", "qwen3moe", "glm4moe"]
+TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
+LOGIT_TOLERANCE = 1e-3  # max |llama.cpp - transformers| over the prompt's logits (f32 file)
+
+
+# --- an independent safetensors reader and writer --------------------------------------------------
+
+ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+
+def read_checkpoint(d: Path) -> dict[str, np.ndarray]:
+    """Every tensor of a (possibly sharded) checkpoint as float32."""
+    out = {}
+    for path in sorted(d.glob("*.safetensors")):
+        raw = path.read_bytes()
+        n = int.from_bytes(raw[:8], "little")
+        for name, meta in json.loads(raw[8 : 8 + n]).items():
+            if name == "__metadata__":
+                continue
+            a, b = meta["data_offsets"]
+            v = np.frombuffer(raw[8 + n + a : 8 + n + b], ST_DTYPES[meta["dtype"]])
+            if meta["dtype"] == "BF16":
+                v = (v.astype(np.uint32) << 16).view(np.float32)
+            out[name] = v.astype(np.float32).reshape(meta["shape"])
+    return out
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], dtype: str = "F32") -> None:
+    header, offset = {}, 0
+    for name, a in tensors.items():
+        nbytes = a.size * (4 if dtype == "F32" else 2)
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(len(head).to_bytes(8, "little") + head)
+        for a in tensors.values():
+            a = np.ascontiguousarray(a, dtype=np.float32)
+            if dtype == "BF16":
+                a = (a.view(np.uint32) >> 16).astype(np.uint16)  # truncation: exact for grid values
+            elif dtype == "F16":
+                a = a.astype(np.float16)
+            f.write(np.ascontiguousarray(a).tobytes())
+
+
+def copy_tiny(arch: str, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(TINY / arch, tmp_path / arch))
+
+
+def coli_convert(capsys, src: Path, out: Path, *extra: str) -> tuple[int, str, str]:
+    rc = main(["convert", str(src), "-o", str(out), *extra])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def convert_every_type(out_dir: Path) -> dict[tuple[str, str], Path]:
+    """Every tiny checkpoint converted to every type, into ``out_dir``."""
+    files = {}
+    for arch in ARCHS:
+        for t in TYPES:
+            out = out_dir / f"{arch}-{t}.gguf"
+            assert main(["convert", str(TINY / arch), "-o", str(out), "--type", t]) == 0
+            files[arch, t] = out
+    return files
+
+
+def edit_config(d: Path, **changes) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(changes)
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def assert_one_error(capsys, src: Path, out: Path, *needles: str) -> str:
+    """Errors: one line, exit 1, nothing written."""
+    rc, stdout, err = coli_convert(capsys, src, out, "--type", "q8_0")
+    lines = err.strip().splitlines()
+    assert rc == 1 and stdout == ""
+    assert len(lines) == 1 and lines[0].startswith("coli: error: "), err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert not out.exists() and not out.with_name(out.name + ".part").exists()
+    return lines[0]
+
+
+def values(g: GGUFFile, name: str) -> np.ndarray:
+    """A tensor of the file as float32, numpy order."""
+    ti = g.tensors[name]
+    raw = np.frombuffer(g._map, np.uint8, ti.nbytes, ti.offset)
+    return dequantize(raw, ti.gtype, ti.n_elements).reshape(ti.shape[::-1])
+
+
+def llama_rope_rows(n_rows: int, n_heads: int) -> np.ndarray:
+    """Source row of each GGUF row: per head, the halves (x0.., y0..) interleave to x0 y0 x1 y1."""
+    hd = n_rows // n_heads
+    return np.array([h * hd + (r % 2) * (hd // 2) + r // 2 for h in range(n_heads) for r in range(hd)])

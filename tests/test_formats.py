@@ -1,0 +1,44 @@
+"""The block-format table: one source for geometry, kind and packing, and no silent fallback for a
+type the kernels do not compute on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from colibri.store.formats import FORMATS, SUPPORTED, GGMLType, Kind, computed_format, dequantize, quantize
+from colibri.store.packed import dequantize_row, make_weight, packed_nbytes
+
+UNSUPPORTED = [t for t in GGMLType if t not in SUPPORTED]
+
+
+def test_every_type_has_its_geometry_and_the_computed_ones_everything():
+    assert set(FORMATS) == set(GGMLType)
+    for t, fmt in FORMATS.items():
+        assert fmt.gtype == t and fmt.block >= 1 and fmt.nbytes >= 1
+        if t in SUPPORTED:
+            assert fmt.kind is not None and fmt.dequantize and fmt.quantize
+            assert (fmt.pack is not None) == (fmt.kind != Kind.FLOAT)
+
+
+@pytest.mark.parametrize("gtype", UNSUPPORTED, ids=lambda t: t.name)
+def test_a_type_the_kernels_do_not_compute_on_raises_everywhere(gtype: GGMLType):
+    fmt = FORMATS[gtype]
+    raw = np.zeros((32, 4 * fmt.nbytes), np.uint8)
+    with pytest.raises(ValueError):
+        computed_format(int(gtype))
+    with pytest.raises(ValueError):
+        make_weight([(raw, int(gtype))], 4 * fmt.block)
+    with pytest.raises(ValueError):
+        packed_nbytes([(32, int(gtype))], 4 * fmt.block)
+    with pytest.raises(ValueError):
+        dequantize_row(raw[0], int(gtype), np.empty(4 * fmt.block, np.float32))
+    with pytest.raises(ValueError):
+        dequantize(raw, gtype, 4 * fmt.block)
+    with pytest.raises(ValueError):
+        quantize(np.zeros(4 * fmt.block, np.float32), gtype)
+
+
+def test_an_id_that_is_no_type_raises():
+    with pytest.raises(ValueError):
+        computed_format(99)
