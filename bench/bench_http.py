@@ -53,16 +53,10 @@ STARTUP_TIMEOUT_S = 300  # a cold numba cache compiles the kernels first
 
 def render_prompts(model: Path) -> list[str]:
     """Each question as ``coli serve`` renders it (the model's template, thinking off)."""
-    from colibri.model.chat import ChatTemplate
-    from colibri.model.tokenizer import GGUFTokenizer
-    from colibri.store.gguf import GGUFFile
+    from colibri.model.text import ModelText
 
-    gguf = GGUFFile(model)
-    tok = GGUFTokenizer(gguf)
-    bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else ""
-    eos = tok.tokens[tok.eos_id] if tok.eos_id is not None else ""
-    template = ChatTemplate(gguf.get("tokenizer.chat_template"), bos, eos)
-    return [template.render([{"role": "user", "content": q}], enable_thinking=False) for q in QUESTIONS]
+    text = ModelText.open(model)  # what coli serve renders with
+    return [text.render([{"role": "user", "content": q}], enable_thinking=False) for q in QUESTIONS]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

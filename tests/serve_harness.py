@@ -6,7 +6,8 @@ the address. Stderr is drained by a thread (the engine child writes to the same 
 server never blocks on a full pipe, and what it said is at hand for assertion messages.
 
 Also: the engine child's pid (from /proc, no psutil), raw HTTP over a socket for requests a client
-library would normalise or refuse to send, and a bound SSE reader.
+library would normalise or refuse to send, a bound SSE reader, and what the end-to-end files share
+(the arguments of their shared server, a chat message, the check of an error body).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -28,8 +30,10 @@ from urllib.parse import urlsplit
 
 import httpx
 import openai
+import pytest
 
 STARTUP_TIMEOUT = 120.0  # a cold numba cache compiles the kernels first
+LOAD_STARTUP_TIMEOUT_S = 180  # the same, on a machine the load tests keep busy
 STOP_TIMEOUT = 60.0
 REQUEST_TIMEOUT = 120.0
 SERVING = re.compile(r"colibri: serving (?P<model>\S+) on (?P<url>\S+)")
@@ -39,6 +43,13 @@ _SCRUB = (
     "COLI_QUEUE_TIMEOUT", "COLI_CORS_ORIGINS", "COLI_WEB_DIST", "COLI_STATE_DIR", "COLI_CTX",
     "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "KV_SLOTS", "SERVE", "SERVE_BATCH", "SERVE_TOPK",
 )
+
+
+LONG_Q = "Write a very long story about a dragon, with many chapters."  # a generation that runs on
+UI_ORIGIN = "https://ui.example"  # a browser origin allowed beside the defaults
+# The server each end-to-end file shares among its tests: one more CORS origin, and --web-dist naming
+# no directory so the page is "not built", whatever the checkout holds.
+SHARED_SERVER_ARGS = ("--cors-origin", UI_ORIGIN, "--web-dist", "/nonexistent/web/dist", "--ctx", "1024")
 
 
 def server_env(**overrides: str | None) -> dict[str, str]:
@@ -169,6 +180,50 @@ class ServerProcess:
             time.sleep(0.05)
 
 
+class LoadServer:
+    """``python -m colibri serve`` on port 0 for the load tests; its stderr goes to a file, read for
+    the bound address, so what a long run printed is kept whole. No ``COLI_*`` setting leaks in."""
+
+    def __init__(self, *extra: str) -> None:
+        self.log = Path(tempfile.mkdtemp(prefix="coli-load-")) / "stderr.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COLI_")}  # no stray key or port
+        env["XDG_STATE_HOME"] = str(self.log.parent)
+        cmd = [sys.executable, "-m", "colibri", "serve", "--port", "0", "--no-persist", *extra]
+        with self.log.open("wb") as err:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=err, env=env)
+        self.url = self._wait_ready()
+
+    def _wait_ready(self) -> str:
+        deadline = time.monotonic() + LOAD_STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            for line in self.log.read_text(errors="replace").splitlines():
+                if line.startswith("colibri: serving ") and " on " in line:
+                    url = line.rsplit(" on ", 1)[1].strip()
+                    return url if url.startswith("http") else f"http://{url}"
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        self.proc.kill()
+        self.proc.wait()
+        pytest.fail(f"the server did not start (status {self.proc.returncode}):\n{self.stderr()}")
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> int | None:
+        """SIGTERM; the exit status, or None if it had to be killed (a leaked slot blocks the drain)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return None
+        return self.proc.returncode
+
+
 @contextmanager
 def running_server(*args: str, env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
     """A server for the block; stopped with SIGTERM after it, which must exit 0."""
@@ -180,6 +235,18 @@ def running_server(*args: str, env: dict[str, str] | None = None) -> Iterator[Se
         raise
     code = server.stop()
     assert code == 0, f"coli serve exited {code}:\n{server.log}"
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def error_body(response) -> dict:
+    """An OpenAI-shaped error body: {"error": {"message", "type", ...}}."""
+    body = response.json()
+    assert isinstance(body, dict) and isinstance(body.get("error"), dict), body
+    assert isinstance(body["error"].get("message"), str) and body["error"].get("type"), body
+    return body["error"]
 
 
 # -------------------------------------------------------------------- /proc

@@ -12,22 +12,15 @@ import json
 import math
 import os
 import random
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 import pytest
 import trio
+from serve_harness import LoadServer
 
-STARTUP_TIMEOUT_S = 180  # a cold numba cache compiles the kernels first
-STOP_TIMEOUT_S = 60
 MAX_TOKENS = 16
 N_CLIENTS = 32
 N_DISCONNECTS = 16
@@ -53,52 +46,9 @@ PROMPTS = [
 # --- the server process -----------------------------------------------------------------------------
 
 
-class Server:
-    """``python -m colibri serve`` on port 0; its stderr goes to a file, read for the bound address."""
-
-    def __init__(self, *extra: str) -> None:
-        self.log = Path(tempfile.mkdtemp(prefix="coli-load-")) / "stderr.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("COLI_")}  # no stray key or port
-        env["XDG_STATE_HOME"] = str(self.log.parent)
-        cmd = [sys.executable, "-m", "colibri", "serve", "--port", "0", "--no-persist", *extra]
-        with self.log.open("wb") as err:
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=err, env=env)
-        self.url = self._wait_ready()
-
-    def _wait_ready(self) -> str:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            for line in self.log.read_text(errors="replace").splitlines():
-                if line.startswith("colibri: serving ") and " on " in line:
-                    url = line.rsplit(" on ", 1)[1].strip()
-                    return url if url.startswith("http") else f"http://{url}"
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        self.proc.kill()
-        self.proc.wait()
-        pytest.fail(f"the server did not start (status {self.proc.returncode}):\n{self.stderr()}")
-
-    def stderr(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> int | None:
-        """SIGTERM; the exit status, or None if it had to be killed (a leaked slot blocks the drain)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                return None
-        return self.proc.returncode
-
-
 @pytest.fixture(scope="module")
 def server():
-    srv = Server("--kv-slots", "4", "--max-queue", "8")
+    srv = LoadServer("--kv-slots", "4", "--max-queue", "8")
     yield srv
     status = srv.stop()
     assert status == 0, f"SIGTERM: exit status {status} (None: did not stop)\n{srv.stderr()}"
@@ -244,12 +194,12 @@ def reference_texts(url: str, prompts: list[str], max_tokens: int) -> dict[str, 
 
 
 @pytest.fixture(scope="module")
-def references(server: Server) -> dict[str, str]:
+def references(server: LoadServer) -> dict[str, str]:
     return reference_texts(server.url, PROMPTS, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")
-def long_references(server: Server) -> dict[str, str]:
+def long_references(server: LoadServer) -> dict[str, str]:
     return reference_texts(server.url, PROMPTS[:N_COMPLETERS], LONG_TOKENS)
 
 
@@ -314,7 +264,7 @@ async def leaving_client(url: str, prompt: str, plan: tuple[str, float], seen: d
 # --- the tests ----------------------------------------------------------------------------------------
 
 
-async def test_concurrent_streams_admitted_or_429(server: Server, references: dict[str, str]) -> None:
+async def test_concurrent_streams_admitted_or_429(server: LoadServer, references: dict[str, str]) -> None:
     url = server.url
     limits = httpx.Limits(max_connections=N_CLIENTS + 4, max_keepalive_connections=N_CLIENTS + 4)
     async with httpx.AsyncClient(timeout=HTTP_TIMEOUT, limits=limits) as client:
@@ -352,77 +302,105 @@ async def test_concurrent_streams_admitted_or_429(server: Server, references: di
     assert after["active"] == 0 and after["queued"] == 0, after
 
 
-async def test_disconnects_leak_no_slot(server: Server, references: dict[str, str],
+def disconnect_plans(rng: random.Random) -> list[tuple[str, float]]:
+    """How each leaving client leaves (see ``leaving_client``): every third after a delay, often
+    before the first byte (still queued), the others after a few token frames."""
+    return [("delay", rng.uniform(0.0, 2.0)) if i % 3 == 0
+            else ("frames", rng.randint(1, MAX_FRAMES_BEFORE_LEAVING)) for i in range(N_DISCONNECTS)]
+
+
+def nothing_seen() -> dict:
+    """What the leaving clients saw, by kind (``leaving_client`` fills it)."""
+    seen: dict = dict.fromkeys(("left_before_headers", "left_mid_stream", "ended_before_leaving", "429",
+                                "server_closed"), 0)
+    seen["stream_errors"], seen["other_status"] = [], []
+    return seen
+
+
+async def completers_among_leavers(client: httpx.AsyncClient, url: str, plans: list[tuple[str, float]],
+                                   seen: dict) -> list[tuple[str, Outcome]]:
+    """N_COMPLETERS long streams admitted first, then the leaving clients; the completers' outcomes."""
+    completers: list[tuple[str, Outcome]] = []
+
+    async def complete(prompt: str, admitted: trio.Event) -> None:
+        out = await stream_chat(client, url, prompt, LONG_TOKENS, headers_seen=admitted)
+        completers.append((prompt, out))
+
+    async with trio.open_nursery() as nursery:
+        for prompt in PROMPTS[:N_COMPLETERS]:  # 3 slots first, then they share the batch
+            admitted = trio.Event()
+            nursery.start_soon(complete, prompt, admitted)
+            await admitted.wait()
+        for i, plan in enumerate(plans):
+            nursery.start_soon(leaving_client, url, PROMPTS[(i + 3) % len(PROMPTS)], plan, seen)
+    return completers
+
+
+async def streams_at_once(client: httpx.AsyncClient, url: str,
+                          prompts: list[str]) -> list[tuple[str, Outcome]]:
+    results: list[tuple[str, Outcome]] = []
+
+    async def normal(prompt: str) -> None:
+        results.append((prompt, await stream_chat(client, url, prompt)))
+
+    async with trio.open_nursery() as nursery:
+        for prompt in prompts:
+            nursery.start_soon(normal, prompt)
+    return results
+
+
+def incomplete(outcomes: list[tuple[str, Outcome]], references: dict[str, str], who: str) -> list[str]:
+    """``check_complete``'s complaints about each outcome, collected rather than raised."""
+    problems = []
+    for i, (prompt, out) in enumerate(outcomes):
+        try:
+            check_complete(out, references[prompt], f"{who} #{i} ({prompt!r})")
+        except AssertionError as e:
+            problems.append(str(e))
+    return problems
+
+
+def disconnect_problems(seen: dict, completers: list[tuple[str, Outcome]], long_references: dict[str, str],
+                        before: dict, after: dict) -> list[str]:
+    problems = []
+    # no admitted stream may fail; a slot handed to the next request while the engine still holds
+    # it for the cancelled one shows here as "the engine refused the request: SLOT_BUSY"
+    if seen["stream_errors"]:
+        problems.append(f"streams that errored after a disconnect: {seen['stream_errors']}")
+    problems += incomplete(completers, long_references, "completer")
+    if seen["server_closed"] or seen["other_status"]:
+        problems.append(f"connections closed before an answer, or unexpected statuses: {seen}")
+    if delta(before, after, "cancelled") <= 0:
+        problems.append(f"'cancelled' did not grow: {before} -> {after}")
+    if delta(before, after, "completed") < len(completers):
+        problems.append(f"'completed' grew less than the completers: {before} -> {after}")
+    if delta(before, after, "rejected") < seen["429"]:
+        problems.append(f"'rejected' grew less than the 429s seen: {before} -> {after}")
+    if delta(before, after, "failed"):
+        problems.append(f"'failed' grew: {before} -> {after}")
+    return problems
+
+
+async def test_disconnects_leak_no_slot(server: LoadServer, references: dict[str, str],
                                         long_references: dict[str, str]) -> None:
     url = server.url
     seed = int(os.environ.get("COLI_LOAD_SEED", random.randrange(1 << 30)))
     print(f"\ndisconnect plans: seed {seed} (COLI_LOAD_SEED to replay)")
-    rng = random.Random(seed)
-    plans: list[tuple[str, float]] = []
-    for i in range(N_DISCONNECTS):
-        if i % 3 == 0:
-            plans.append(("delay", rng.uniform(0.0, 2.0)))  # often before the first byte: still queued
-        else:
-            plans.append(("frames", rng.randint(1, MAX_FRAMES_BEFORE_LEAVING)))
-    seen: dict = dict.fromkeys(("left_before_headers", "left_mid_stream", "ended_before_leaving", "429",
-                                "server_closed"), 0)
-    seen["stream_errors"], seen["other_status"] = [], []
+    plans, seen = disconnect_plans(random.Random(seed)), nothing_seen()
     async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as client:
         before = await health(client, url)
         assert before["active"] == 0 and before["queued"] == 0, before
-        completers: list[tuple[str, Outcome]] = []
-
-        async def complete(prompt: str, admitted: trio.Event) -> None:
-            out = await stream_chat(client, url, prompt, LONG_TOKENS, headers_seen=admitted)
-            completers.append((prompt, out))
-
         with trio.fail_after(120):
-            async with trio.open_nursery() as nursery:
-                for prompt in PROMPTS[:N_COMPLETERS]:  # 3 slots first, then they share the batch
-                    admitted = trio.Event()
-                    nursery.start_soon(complete, prompt, admitted)
-                    await admitted.wait()
-                for i, plan in enumerate(plans):
-                    nursery.start_soon(leaving_client, url, PROMPTS[(i + 3) % len(PROMPTS)], plan, seen)
+            completers = await completers_among_leavers(client, url, plans, seen)
             after = await wait_idle(client, url, 10)
         print(f"disconnects: {seen}; /health before {before}, after {after}")
-        problems = []
-        # no admitted stream may fail; a slot handed to the next request while the engine still holds
-        # it for the cancelled one shows here as "the engine refused the request: SLOT_BUSY"
-        if seen["stream_errors"]:
-            problems.append(f"streams that errored after a disconnect: {seen['stream_errors']}")
-        for i, (prompt, out) in enumerate(completers):
-            try:
-                check_complete(out, long_references[prompt], f"completer #{i} ({prompt!r})")
-            except AssertionError as e:
-                problems.append(str(e))
-        if seen["server_closed"] or seen["other_status"]:
-            problems.append(f"connections closed before an answer, or unexpected statuses: {seen}")
-        if delta(before, after, "cancelled") <= 0:
-            problems.append(f"'cancelled' did not grow: {before} -> {after}")
-        if delta(before, after, "completed") < len(completers):
-            problems.append(f"'completed' grew less than the completers: {before} -> {after}")
-        if delta(before, after, "rejected") < seen["429"]:
-            problems.append(f"'rejected' grew less than the 429s seen: {before} -> {after}")
-        if delta(before, after, "failed"):
-            problems.append(f"'failed' grew: {before} -> {after}")
+        problems = disconnect_problems(seen, completers, long_references, before, after)
 
         # every slot is usable again: 4 at once, all complete with their reference text
         with trio.fail_after(90):
-            results: list[tuple[str, Outcome]] = []
-
-            async def normal(prompt: str) -> None:
-                results.append((prompt, await stream_chat(client, url, prompt)))
-
-            async with trio.open_nursery() as nursery:
-                for prompt in PROMPTS[3:7]:
-                    nursery.start_soon(normal, prompt)
+            results = await streams_at_once(client, url, PROMPTS[3:7])
             final = await wait_idle(client, url, 5)
-        for i, (prompt, out) in enumerate(results):
-            try:
-                check_complete(out, references[prompt], f"after the disconnects #{i} ({prompt!r})")
-            except AssertionError as e:
-                problems.append(str(e))
+        problems += incomplete(results, references, "after the disconnects")
         if delta(after, final, "completed") != 4 or delta(after, final, "rejected") != 0:
             problems.append(f"4 requests on an idle server: {after} -> {final}")
     assert not problems, "\n".join(problems)
@@ -450,7 +428,7 @@ async def still_streaming(lines: AsyncIterator[str]) -> None:
 
 
 async def test_queue_timeout_429() -> None:
-    srv = Server("--kv-slots", "1", "--max-queue", "8", "--queue-timeout", "1")
+    srv = LoadServer("--kv-slots", "1", "--max-queue", "8", "--queue-timeout", "1")
     try:
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as client:
             before = await health(client, srv.url)
@@ -476,7 +454,7 @@ async def test_queue_timeout_429() -> None:
 async def test_client_leaving_while_queued_is_counted() -> None:
     """A client that gives up while its request waits for a slot: counted as cancelled, the queue
     empties, and the request holding the slot is untouched."""
-    srv = Server("--kv-slots", "1", "--max-queue", "8", "--queue-timeout", "60")
+    srv = LoadServer("--kv-slots", "1", "--max-queue", "8", "--queue-timeout", "60")
     try:
         async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as client:
             before = await health(client, srv.url)

@@ -3,24 +3,27 @@
 A request names a slot (``cache_slot``) or takes any free one. Waiters are served first come,
 first served among those whose slot is free; a full queue or a wait past the timeout is refused
 (the server answers 429 before any streaming header is sent).
+
+A streamed answer outlives the route that admitted it, so the slot is held by a ``SlotLease``
+that whoever ends the answer releases, rather than by a ``with`` block in the route.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
 
 
 class QueueFull(Exception):
-    pass
+    """The queue holds ``max_queue`` waiters already."""
 
 
 class QueueTimeout(Exception):
-    pass
+    """No slot came free within ``timeout_s``."""
 
 
 @dataclass(eq=False)
@@ -28,6 +31,24 @@ class _Waiter:
     wanted: int | None
     granted: int | None = None
     event: trio.Event = field(default_factory=trio.Event)
+
+
+class SlotLease:
+    """A slot taken from ``Admission``, until ``release`` (or the end of an ``async with``)."""
+
+    def __init__(self, slot: int, waited: float, hold: AsyncExitStack) -> None:
+        self.slot, self.waited, self._hold = slot, waited, hold
+
+    async def release(self) -> None:
+        """Give the slot back; shielded, so a cancelled caller cannot leak it. Idempotent."""
+        with trio.CancelScope(shield=True):
+            await self._hold.aclose()
+
+    async def __aenter__(self) -> SlotLease:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.release()
 
 
 class Admission:
@@ -94,3 +115,10 @@ class Admission:
             yield slot, trio.current_time() - start
         finally:
             self._release(slot)
+
+    async def lease(self, wanted: int | None = None) -> SlotLease:
+        """A slot held past this call, for an answer that outlives its route (a stream): the same
+        queueing, refusals and cancellation as ``slot``."""
+        hold = AsyncExitStack()
+        slot, waited = await hold.enter_async_context(self.slot(wanted))
+        return SlotLease(slot, waited, hold)

@@ -82,7 +82,7 @@ class EngineClient:
     _ready_event: trio.Event = field(default_factory=trio.Event)
     _stopping: bool = False
 
-    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep an engine running; ``started`` once the first one is READY."""
         backoff, started = RESTART_FIRST_S, False
         while True:
@@ -115,7 +115,7 @@ class EngineClient:
             backoff = min(RESTART_MAX_S, backoff * 2)
             self.restarts += 1
 
-    async def _read(self, proc: trio.Process, task_status) -> None:
+    async def _read(self, proc: trio.Process, task_status: trio.TaskStatus[None] | None) -> None:
         reader = ResponseReader()
         while True:
             try:
@@ -149,7 +149,8 @@ class EngineClient:
                     continue
                 self._note(event)
 
-    def _note(self, event) -> None:
+    def _note(self, event: object) -> None:
+        """Telemetry: kept for /experts, whichever request it came with."""
         t = self.telemetry
         match event:
             case HwInfo():
@@ -227,5 +228,5 @@ class EngineClient:
         return len(self._flights)
 
 
-def is_cancelled(event) -> bool:
+def is_cancelled(event: object) -> bool:
     return isinstance(event, Error) and event.code == ErrorCode.CANCELLED

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from quart import Response
 
+from colibri.api.openai_errors import not_found
+
 NO_PAGE = (
     "<!doctype html><meta charset=utf-8><title>colibri</title>"
     "<h1>colibri</h1><p>The API is at <code>/v1</code> (OpenAI-compatible). "
@@ -21,6 +23,8 @@ NO_PAGE = (
 
 
 class StaticSite:
+    """The page's files under ``root``; with no root (the page not built), a note where it would be."""
+
     def __init__(self, root: Path | None) -> None:
         self.root = root.resolve() if root is not None and root.is_dir() else None
 
@@ -42,13 +46,13 @@ class StaticSite:
         return real
 
     async def serve(self, path: str) -> Response:
+        """The response for a GET of the page at ``path``; never raises for a client's path."""
         found = self.resolve(path)
         if found is None and "." not in path.rsplit("/", 1)[-1]:
             found = self.resolve("index.html")  # SPA fallback: the page routes client-side
         if found is None:
             if self.root is None and path in ("", "index.html"):
                 return Response(NO_PAGE, mimetype="text/html")
-            return Response('{"error": {"message": "not found", "type": "not_found_error", "param": null, '
-                            '"code": null}}', status=404, mimetype="application/json")
+            return Response(not_found().json_bytes(), status=404, mimetype="application/json")
         mime = mimetypes.guess_type(found.name)[0] or "application/octet-stream"
         return Response(found.read_bytes(), mimetype=mime, headers={"x-content-type-options": "nosniff"})

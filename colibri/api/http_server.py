@@ -1,5 +1,7 @@
 """``coli serve``: hypercorn serving the app, the engine as a child, systemd's notify protocol.
 
+``run_server`` is the entry point (``colibri.cli``).
+
 Start: the engine is started and must say READY, then the socket is bound, then ``READY=1``.
 SIGTERM: ``STOPPING=1``; new generations get 503 while those in flight finish; then the engine gets
 EOF (it persists its slots) and the process exits 0.
@@ -17,19 +19,27 @@ from pathlib import Path
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
 
 from colibri.api import sdnotify
 from colibri.api.admission import Admission
-from colibri.api.app import ServerState, create_app
+from colibri.api.app import create_app
 from colibri.api.engine_client import EngineClient
+from colibri.api.openai_errors import overloaded
 from colibri.api.security import CorsPolicy, HostGuard, require_key_for_bind
+from colibri.api.server_state import ServerState
+from colibri.model.text import ModelText
 
 # Requests handled at once (streams included); beyond it, 503 at once instead of a slow pile-up.
 MAX_CONCURRENT_REQUESTS = 256
 # Seconds an idle keep-alive connection stays open, and the bound on the drain at shutdown.
 KEEP_ALIVE_S = 15
 DRAIN_TIMEOUT_S = 600
+DRAIN_POLL_S = 0.05  # how often the drain looks at admission: a stop a client barely notices
+# Seconds for the engine to persist its slots and exit after EOF: a few slot files to write.
 ENGINE_EXIT_TIMEOUT_S = 60
+# The 503 beyond MAX_CONCURRENT_REQUESTS, made once: it is sent before the app sees the request.
+_OVERLOADED = overloaded().json_bytes()
 
 
 @dataclass(frozen=True)
@@ -54,17 +64,13 @@ class ServeConfig:
 class ConcurrencyLimit:
     """ASGI middleware: at most ``limit`` HTTP requests in progress; the rest get 503 at once."""
 
-    def __init__(self, app, limit: int) -> None:
+    def __init__(self, app: ASGIFramework, limit: int) -> None:
         self.app, self.limit, self.active = app, limit, 0
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if self.active >= self.limit:
-            body = (
-                b'{"error": {"message": "too many requests in progress", "type": "server_error", '
-                b'"param": null, "code": "overloaded"}}'
-            )
             await send(
                 {
                     "type": "http.response.start",
@@ -72,7 +78,7 @@ class ConcurrencyLimit:
                     "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")],
                 }
             )
-            await send({"type": "http.response.body", "body": body})
+            await send({"type": "http.response.body", "body": _OVERLOADED})
             return
         self.active += 1
         try:
@@ -81,13 +87,13 @@ class ConcurrencyLimit:
             self.active -= 1
 
 
-def _shield_last_send(send):
+def _shield_last_send(send: ASGISendCallable) -> ASGISendCallable:
     """hypercorn closes or recycles the connection inside the ``send`` of a response's last body
     message, and quart-trio cancels the request's tasks as soon as hypercorn reports the stream
     closed, cutting that short: the socket then stayed open for good (no close after
     ``Connection: close`` or an unread body, no keep-alive timeout). Shielded, it completes."""
 
-    async def wrapped(message) -> None:
+    async def wrapped(message: ASGISendEvent) -> None:
         if message.get("type") == "http.response.body" and not message.get("more_body", False):
             with trio.CancelScope(shield=True):
                 return await send(message)
@@ -96,32 +102,36 @@ def _shield_last_send(send):
     return wrapped
 
 
-def serve(cfg: ServeConfig) -> int:
+def run_server(cfg: ServeConfig) -> int:
+    """``coli serve``: the exit status once SIGTERM or SIGINT has drained the server."""
     require_key_for_bind(cfg.host, cfg.api_key, cfg.insecure)
-    from colibri.model.chat import ChatTemplate
-    from colibri.model.tokenizer import GGUFTokenizer
-    from colibri.store.gguf import GGUFFile
-
-    gguf = GGUFFile(cfg.model_path)  # the template and the vocabulary: no weights in this process
-    tok = GGUFTokenizer(gguf)
-    bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else ""
-    eos = tok.tokens[tok.eos_id] if tok.eos_id is not None else ""
-    template = ChatTemplate(gguf.get("tokenizer.chat_template"), bos, eos)
-    n_ctx = min(cfg.ctx, int(gguf.get(f"{gguf.get('general.architecture')}.context_length", cfg.ctx)))
-
-    def render(messages, thinking: bool) -> str:
-        return template.render(messages, enable_thinking=thinking)
-
-    return trio.run(_main, cfg, render, lambda text: len(tok.encode(text, special=True)), n_ctx)
+    text = ModelText.open(cfg.model_path)  # the template and the vocabulary: no weights in this process
+    _ = text.chat_template  # built now: a model without a usable template fails at start, not later
+    n_ctx = min(cfg.ctx, text.context_length or cfg.ctx)
+    return trio.run(_serve, cfg, text, n_ctx)
 
 
-async def _main(cfg: ServeConfig, render, count_tokens, n_ctx: int) -> int:
+def _engine(cfg: ServeConfig, n_ctx: int) -> EngineClient:
+    """The ``coli engine`` child, told what this server was told."""
     engine_args = ["--model", str(cfg.model_path), "--kv-slots", str(cfg.kv_slots), "--ctx", str(n_ctx)]
     engine_args += ["--state-dir", str(cfg.state_dir)] if cfg.state_dir else ["--no-persist"]
     if cfg.ram_budget_gb is not None:  # else the engine resolves COLI_RAM_GB or its default itself
         engine_args += ["--ram-budget", str(cfg.ram_budget_gb)]
-    env = {**os.environ, "SERVE_TOPK": "1", "SERVE_BATCH": "1"}
-    engine = EngineClient(engine_args, env)
+    # TOPK lines for logprobs, and batched decoding across slots
+    return EngineClient(engine_args, {**os.environ, "SERVE_TOPK": "1", "SERVE_BATCH": "1"})
+
+
+def _hypercorn_config(cfg: ServeConfig) -> Config:
+    hconfig = Config()
+    hconfig.bind = [f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"]
+    hconfig.accesslog = None
+    hconfig.keep_alive_timeout = KEEP_ALIVE_S
+    hconfig.graceful_timeout = DRAIN_TIMEOUT_S
+    return hconfig
+
+
+async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
+    engine = _engine(cfg, n_ctx)
     state = ServerState(
         model_id=cfg.model_id,
         n_slots=cfg.kv_slots,
@@ -129,30 +139,19 @@ async def _main(cfg: ServeConfig, render, count_tokens, n_ctx: int) -> int:
         api_key=cfg.api_key,
         engine=engine,
         admission=Admission(cfg.kv_slots, cfg.max_queue, cfg.queue_timeout),
-        render=render,
-        count_tokens=count_tokens,
+        render=text.render,
+        count_tokens=text.count_tokens,
         host_guard=HostGuard(cfg.host, cfg.port),
         cors=CorsPolicy(list(cfg.cors_origins)),
         web_dist=cfg.web_dist,
     )
-    app = create_app(state)
-    hconfig = Config()
-    hconfig.bind = [f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"]
-    hconfig.accesslog = None
-    hconfig.keep_alive_timeout = KEEP_ALIVE_S
-    hconfig.graceful_timeout = DRAIN_TIMEOUT_S
+    app = ConcurrencyLimit(create_app(state), MAX_CONCURRENT_REQUESTS)
+    hconfig = _hypercorn_config(cfg)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         sdnotify.status("starting the engine")
         await nursery.start(engine.run)
-        binds = await nursery.start(
-            partial(
-                hypercorn_serve,
-                ConcurrencyLimit(app, MAX_CONCURRENT_REQUESTS),
-                hconfig,
-                shutdown_trigger=stop.wait,
-            )
-        )
+        binds = await nursery.start(partial(hypercorn_serve, app, hconfig, shutdown_trigger=stop.wait))
         for bind in binds or hconfig.bind:
             print(f"colibri: serving {cfg.model_id} on {bind}", file=sys.stderr, flush=True)
         sdnotify.ready()
@@ -160,15 +159,20 @@ async def _main(cfg: ServeConfig, render, count_tokens, n_ctx: int) -> int:
             nursery.start_soon(_open_browser, (binds or hconfig.bind)[0])
         await _until_sigterm()
         sdnotify.stopping()
-        state.draining = True  # new generations: 503
-        with trio.move_on_after(DRAIN_TIMEOUT_S):
-            while state.admission.active or state.admission.queued:
-                await trio.sleep(0.05)
+        await _drain(state)
         stop.set()
         with trio.move_on_after(ENGINE_EXIT_TIMEOUT_S):
             await engine.shutdown()
         nursery.cancel_scope.cancel()
     return 0
+
+
+async def _drain(state: ServerState) -> None:
+    """New generations get 503 from now; those admitted or queued may finish, for a bounded time."""
+    state.draining = True
+    with trio.move_on_after(DRAIN_TIMEOUT_S):
+        while state.admission.active or state.admission.queued:
+            await trio.sleep(DRAIN_POLL_S)
 
 
 async def _until_sigterm() -> None:

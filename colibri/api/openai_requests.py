@@ -1,26 +1,34 @@
-"""OpenAI request validation and response shapes, without I/O.
+"""OpenAI request bodies -> a ``Generation`` (the prompt and the sampling parameters), without I/O.
 
-A request body becomes a ``Generation`` (the prompt and the sampling parameters) or an
-``ApiError`` naming the offending field. Every field the server does not serve is refused by name:
-nothing is silently ignored except fields with no effect on the output (``user``, ``metadata``,
-``store``, and the penalties at their neutral 0).
+A body that cannot be served becomes an ``ApiError`` naming the offending field. Every field the
+server does not serve is refused by name: nothing is silently ignored except fields with no effect
+on the output (``user``, ``metadata``, ``store``, and the penalties at their neutral 0).
 """
 
 from __future__ import annotations
 
+import json
 import math
-import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from colibri.api.openai_errors import bad
 from colibri.api.stop import validate_stops
+from colibri.io.events import TOPK_CANDIDATES
 
-# TOPK lines carry five candidates: the most top_logprobs can give.
-MAX_TOP_LOGPROBS = 5
+# The engine's TOPK lines carry this many candidates: the most top_logprobs can give.
+MAX_TOP_LOGPROBS = TOPK_CANDIDATES
 MAX_TEMPERATURE = 2.0  # OpenAI's range
-MAX_SEED = (1 << 64) - 1
+MAX_SEED = (1 << 64) - 1  # the engine's seed is a uint64
+# A request without max_tokens: at most this many, so a forgotten limit does not fill the context.
+DEFAULT_MAX_TOKENS = 1024
 CHAT_ROLES = ("system", "developer", "user", "assistant")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")  # OpenAI's values
+MIN_TOP_P = 1e-9  # top_p must be positive (0 would keep no token at all)
+
+# ``render(messages, enable_thinking) -> prompt``: the model's chat template.
+Render = Callable[[list[dict[str, str]], bool], str]
 
 # Fields accepted when they change nothing: their neutral value or any value.
 _NEUTRAL = {
@@ -46,32 +54,31 @@ _COMMON = {
     "enable_thinking",
     "reasoning_effort",
 }
+# Why a field the server does not serve is refused (others: "'<name>' is not supported").
+_REFUSALS = {
+    "tools": "tools are not supported",
+    "tool_choice": "tools are not supported",
+    "functions": "function calling is not supported",
+    "function_call": "function calling is not supported",
+    "n": "only n=1 is supported",
+    "best_of": "only best_of=1 is supported",
+    "response_format": "response_format is not supported",
+    "audio": "audio is not supported",
+    "modalities": "only text output is supported",
+    "echo": "echo is not supported",
+    "suffix": "suffix is not supported",
+    "logit_bias": "logit_bias is not supported",
+    "presence_penalty": "penalties are not supported",
+    "frequency_penalty": "penalties are not supported",
+}
 CHAT_FIELDS = _COMMON | _HARMLESS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
 COMPLETION_FIELDS = _COMMON | _HARMLESS | {"prompt", "logprobs"}
 
 
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        type_: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad(param: str, message: str) -> ApiError:
-    return ApiError(400, message, param)
-
-
 @dataclass
 class Generation:
+    """A valid request: what the engine is asked for, and how the answer is to be shaped."""
+
     kind: str  # "chat" | "completion"
     prompt: str
     max_tokens: int
@@ -117,23 +124,7 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
             continue
         if name in ("tools", "tool_choice", "functions", "function_call") and not value:
             continue
-        reason = {
-            "tools": "tools are not supported",
-            "tool_choice": "tools are not supported",
-            "functions": "function calling is not supported",
-            "function_call": "function calling is not supported",
-            "n": "only n=1 is supported",
-            "best_of": "only best_of=1 is supported",
-            "response_format": "response_format is not supported",
-            "audio": "audio is not supported",
-            "modalities": "only text output is supported",
-            "echo": "echo is not supported",
-            "suffix": "suffix is not supported",
-            "logit_bias": "logit_bias is not supported",
-            "presence_penalty": "penalties are not supported",
-            "frequency_penalty": "penalties are not supported",
-        }.get(name, f"'{name}' is not supported")
-        raise bad(name, reason)
+        raise bad(name, _REFUSALS.get(name, f"'{name}' is not supported"))
 
 
 def _text_content(content: Any, where: str) -> str:
@@ -156,7 +147,9 @@ def _text_content(content: Any, where: str) -> str:
     raise bad(where, "message content must be a string or a list of text parts")
 
 
-def _common(body: dict, kind: str, prompt: str, n_ctx: int, n_slots: int, messages=None) -> Generation:
+def _common(
+    body: dict, kind: str, prompt: str, n_ctx: int, n_slots: int, messages: list[dict[str, str]] | None = None
+) -> Generation:
     max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(body, max_name, 1, n_ctx)
     stream = body.get("stream", False)
@@ -186,9 +179,9 @@ def _common(body: dict, kind: str, prompt: str, n_ctx: int, n_slots: int, messag
     return Generation(
         kind=kind,
         prompt=prompt,
-        max_tokens=max_tokens or min(n_ctx, 1024),
+        max_tokens=max_tokens or min(n_ctx, DEFAULT_MAX_TOKENS),
         temperature=_number(body, "temperature", 0.0, MAX_TEMPERATURE, 1.0),
-        top_p=_number(body, "top_p", 1e-9, 1.0, 1.0),
+        top_p=_number(body, "top_p", MIN_TOP_P, 1.0, 1.0),
         seed=_integer(body, "seed", 0, MAX_SEED),
         stops=stops,
         stream=stream,
@@ -206,12 +199,12 @@ def thinking(body: dict) -> bool:
     if flag is not None and not isinstance(flag, bool):
         raise bad("enable_thinking", "'enable_thinking' must be a boolean")
     effort = body.get("reasoning_effort")
-    if effort is not None and effort not in ("none", "minimal", "low", "medium", "high"):
+    if effort is not None and effort not in REASONING_EFFORTS:
         raise bad("reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium or high")
     return bool(flag) or (effort is not None and effort != "none")
 
 
-def parse_chat(body: Any, render, n_ctx: int, n_slots: int) -> Generation:
+def parse_chat(body: Any, render: Render, n_ctx: int, n_slots: int) -> Generation:
     """``render(messages, enable_thinking) -> prompt`` is the model's chat template."""
     if not isinstance(body, dict):
         raise bad("", "the request body must be a JSON object")
@@ -240,6 +233,7 @@ def parse_chat(body: Any, render, n_ctx: int, n_slots: int) -> Generation:
 
 
 def parse_completion(body: Any, n_ctx: int, n_slots: int) -> Generation:
+    """The legacy API: one prompt string, sent as it is (no template)."""
     if not isinstance(body, dict):
         raise bad("", "the request body must be a JSON object")
     _check_fields(body, COMPLETION_FIELDS)
@@ -254,111 +248,11 @@ def parse_completion(body: Any, n_ctx: int, n_slots: int) -> Generation:
     return _common(body, "completion", prompt, n_ctx, n_slots)
 
 
-# ----------------------------------------------------------------------------- responses
-
-
-def new_id(kind: str) -> str:
-    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-@dataclass
-class TokenLogprob:
-    text: bytes
-    logprob: float
-    top: list[tuple[bytes, float]]
-
-
-def chat_logprobs(items: list[TokenLogprob], top_n: int) -> dict[str, Any]:
-    def entry(text: bytes, lp: float) -> dict[str, Any]:
-        return {"token": text.decode("utf-8", errors="replace"), "logprob": lp, "bytes": list(text)}
-
-    return {
-        "content": [
-            {**entry(t.text, t.logprob), "top_logprobs": [entry(x, lp) for x, lp in t.top[:top_n]]}
-            for t in items
-        ],
-        "refusal": None,
-    }
-
-
-def completion_logprobs(items: list[TokenLogprob], top_n: int, offset: int = 0) -> dict[str, Any]:
-    tokens, offsets = [], []
-    for t in items:
-        offsets.append(offset)
-        text = t.text.decode("utf-8", errors="replace")
-        tokens.append(text)
-        offset += len(text)
-    return {
-        "tokens": tokens,
-        "token_logprobs": [t.logprob for t in items],
-        "text_offset": offsets,
-        "top_logprobs": [{x.decode("utf-8", errors="replace"): lp for x, lp in t.top[:top_n]} for t in items],
-    }
-
-
-def chunk(
-    gen: Generation,
-    rid: str,
-    model: str,
-    created: int,
-    *,
-    text: str | None = None,
-    role: bool = False,
-    finish: str | None = None,
-    logprobs: dict | None = None,
-) -> dict[str, Any]:
-    if gen.kind == "chat":
-        delta: dict[str, Any] = {}
-        if role:
-            delta["role"] = "assistant"
-        if text is not None:
-            delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        obj = "chat.completion.chunk"
-    else:
-        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
-        obj = "text_completion"
-    out = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
-    if gen.include_usage:
-        out["usage"] = None
-    return out
-
-
-def final(
-    gen: Generation,
-    rid: str,
-    model: str,
-    text: str,
-    finish: str,
-    use: dict,
-    logprobs: dict | None,
-    extra: dict,
-) -> dict[str, Any]:
-    if gen.kind == "chat":
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
-            "logprobs": logprobs,
-            "finish_reason": finish,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
-        obj = "text_completion"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": use,
-        **extra,
-    }
+def parse_json(raw: bytes) -> Any:
+    """A request body as JSON; a 400 naming what is wrong with it."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise bad("", "the request body is not UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise bad("", f"the request body is not valid JSON: {e.msg} at {e.pos}") from None

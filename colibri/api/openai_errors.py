@@ -1,0 +1,108 @@
+"""Every error the server answers, in OpenAI's shape: ``{"error": {message, type, param, code}}``.
+
+One constructor per situation, so a status, a type and a code that clients match on (the SDK maps
+the status to an exception class; ``code`` tells a full queue from a timeout) are written once.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class ApiError(Exception):
+    """An HTTP error status with its OpenAI body; raised anywhere below a route, answered there."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.type, self.code = status, message, param, type_, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def json_bytes(self) -> bytes:
+        """The body as sent (no web framework in the way, e.g. ASGI middleware and static files)."""
+        return json.dumps(self.body()).encode()
+
+
+# ----------------------------------------------------------------------------- the request
+
+
+def bad(param: str, message: str) -> ApiError:
+    """A request field the server refuses, named in ``param`` ("" for the body as a whole)."""
+    return ApiError(400, message, param)
+
+
+def model_not_found(model: str) -> ApiError:
+    return ApiError(404, f"model {model!r} not found", "model", code="model_not_found")
+
+
+def context_length_exceeded(used: int, limit: int, param: str) -> ApiError:
+    return ApiError(
+        400, f"the prompt has {used} tokens, the context {limit}", param, code="context_length_exceeded"
+    )
+
+
+# ----------------------------------------------------------------------------- HTTP and the guards
+
+
+def http_error(status: int, message: str) -> ApiError:
+    """An error the web framework raised (404, 405, 408, 413, ...)."""
+    return ApiError(status, message, type_="not_found_error" if status == 404 else "invalid_request_error")
+
+
+def not_found() -> ApiError:
+    return ApiError(404, "not found", type_="not_found_error")
+
+
+def host_not_allowed() -> ApiError:
+    return ApiError(421, "Host header not allowed", type_="invalid_request_error", code="host_not_allowed")
+
+
+def invalid_api_key() -> ApiError:
+    return ApiError(401, "invalid or missing API key", type_="authentication_error", code="invalid_api_key")
+
+
+def internal_error() -> ApiError:
+    return ApiError(500, "internal error", type_="server_error")
+
+
+# ----------------------------------------------------------------------------- capacity and the engine
+
+
+def overloaded() -> ApiError:
+    return ApiError(503, "too many requests in progress", type_="server_error", code="overloaded")
+
+
+def server_busy(queue_full: bool) -> ApiError:
+    """429: a full admission queue, or a wait for a slot past the queue timeout."""
+    why = "the queue is full" if queue_full else "timed out waiting for a slot"
+    return ApiError(
+        429,
+        f"server busy: {why}",
+        type_="rate_limit_error",
+        code="queue_full" if queue_full else "queue_timeout",
+    )
+
+
+def draining() -> ApiError:
+    return ApiError(503, "the server is shutting down", type_="server_error")
+
+
+def engine_not_ready(reason: str) -> ApiError:
+    return ApiError(503, f"the engine is not ready: {reason}", type_="server_error")
+
+
+def engine_refused(code: str) -> ApiError:
+    return ApiError(500, f"the engine refused the request: {code}", type_="server_error")
+
+
+def engine_stopped(reason: str) -> ApiError:
+    return ApiError(503, f"the engine stopped: {reason}", type_="server_error")

@@ -1,0 +1,47 @@
+"""What every route shares: the model's identity and text side, the engine, admission, counters.
+
+One ``ServerState`` per server, made by ``http_server`` and handed to ``create_app``, which keeps it
+in ``app.extensions[EXTENSION]`` for the routes and hooks. Nothing here knows HTTP: the generation
+side (``completion``) takes it as it is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from colibri.api.admission import Admission
+from colibri.api.engine_client import EngineClient
+from colibri.api.metrics import Registry, ServerMetrics, server_metrics
+from colibri.api.openai_requests import Render
+from colibri.api.security import CorsPolicy, HostGuard
+
+EXTENSION = "colibri"  # the key of the state in ``app.extensions``
+
+# /health's request counts, each request counted once by how it ended.
+COUNTERS = ("completed", "rejected", "cancelled", "failed")
+
+
+@dataclass
+class ServerState:
+    model_id: str
+    n_slots: int
+    n_ctx: int
+    api_key: str | None
+    engine: EngineClient
+    admission: Admission
+    render: Render
+    count_tokens: Callable[[str], int]  # a rendered prompt's tokens, when the engine did not say
+    host_guard: HostGuard
+    cors: CorsPolicy
+    web_dist: Path | None
+    draining: bool = False  # SIGTERM came: new generations get 503 while those in flight finish
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    created: int = field(default_factory=lambda: int(time.time()))  # the model card's date
+    registry: Registry = field(init=False)
+    metrics: ServerMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.registry, self.metrics = server_metrics()
