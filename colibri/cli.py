@@ -209,6 +209,10 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
     if not 0 <= port <= 65535:
         raise ColibriError(f"--port must be 0..65535, got {port}")
     web = settings.resolve(args, settings.WEB_DIST)
+    limits = {s.name: settings.resolve(args, s) for s in settings.HTTP_LIMITS}
+    if not all(value > 0 for value in limits.values()):
+        raise ColibriError("--max-body-mb, --body-timeout, --max-requests, --keep-alive and "
+                           "--drain-timeout must be positive")
     cfg = ServeConfig(
         model_path=path, host=settings.resolve(args, settings.HOST), port=port,
         model_id=settings.resolve(args, settings.MODEL_ID) or path.name.removesuffix(".gguf"),
@@ -218,7 +222,9 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
         state_dir=None if args.no_persist else settings.state_dir(args),
         insecure=args.insecure, ram_budget_gb=args.ram_budget,
         web_dist=Path(web) if web else Path(__file__).resolve().parent.parent / "web" / "dist",
-        open_browser=open_browser,
+        open_browser=open_browser, max_body=int(limits["max_body_mb"] * (1 << 20)),
+        body_timeout_s=limits["body_timeout"], max_requests=limits["max_requests"],
+        keep_alive_s=limits["keep_alive"], drain_timeout_s=limits["drain_timeout"],
     )
     return run_server(cfg)
 
@@ -290,7 +296,7 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
         srv = sub.add_parser(name, help=helptext)
         settings.add(srv, settings.MODEL, settings.HOST, settings.PORT, settings.MODEL_ID, settings.API_KEY,
                      settings.SERVE_SLOTS, settings.MAX_QUEUE, settings.QUEUE_TIMEOUT, settings.CTX,
-                     settings.STATE_DIR, settings.WEB_DIST, settings.RAM_BUDGET)
+                     settings.STATE_DIR, settings.WEB_DIST, settings.RAM_BUDGET, *settings.HTTP_LIMITS)
         cors = settings.CORS_ORIGINS
         srv.add_argument(cors.flag, dest=cors.name, action="append", metavar="ORIGIN",
                          help=f"{cors.help} [{cors.env}]")

@@ -72,6 +72,21 @@ DEFAULT_RAM_SHARE = 0.5
 CORS_ORIGINS = Setting("cors_origin", "--cors-origin", "COLI_CORS_ORIGINS", (), str,
                        "also allow this browser origin (repeatable; '*' for any; the variable: "
                        "comma-separated)")
+# The HTTP server's limits.
+MAX_BODY_MB = Setting("max_body_mb", "--max-body-mb", "COLI_MAX_BODY_MB", 4.0, float,
+                      "largest request body in MiB (413 beyond): a long conversation is a few hundred "
+                      "KB of JSON; this bounds what a client can make the server buffer")
+BODY_TIMEOUT = Setting("body_timeout", "--body-timeout", "COLI_BODY_TIMEOUT", 30.0, float,
+                       "seconds a client may take to send its body (408 beyond): a slow-loris guard")
+MAX_REQUESTS = Setting("max_requests", "--max-requests", "COLI_MAX_REQUESTS", 256, int,
+                       "HTTP requests in progress at once, streams included; beyond it 503 at once "
+                       "instead of a slow pile-up")
+KEEP_ALIVE = Setting("keep_alive", "--keep-alive", "COLI_KEEP_ALIVE", 15.0, float,
+                     "seconds an idle keep-alive connection stays open")
+DRAIN_TIMEOUT = Setting("drain_timeout", "--drain-timeout", "COLI_DRAIN_TIMEOUT", 600.0, float,
+                        "seconds generations in flight may take to finish after SIGTERM")
+HTTP_LIMITS = (MAX_BODY_MB, BODY_TIMEOUT, MAX_REQUESTS, KEEP_ALIVE, DRAIN_TIMEOUT)
+
 WEB_DIST = Setting("web_dist", "--web-dist", "COLI_WEB_DIST", None, str,
                    "the built web console to serve at / (default: web/dist beside the package)")
 

@@ -11,17 +11,17 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import PathConverter
 
+from colibri import settings
 from colibri.api import openai_errors
 from colibri.api.routes import SITE_EXTENSION, blueprint, error_response, server_state
 from colibri.api.security import check_api_key
 from colibri.api.server_state import EXTENSION, ServerState
 from colibri.api.static import StaticSite
 
-# Request bodies: a long conversation is a few hundred KB of JSON; 4 MiB bounds what a client can
-# make us buffer (the engine's own payload limit is 16 MiB).
-MAX_BODY = 4 << 20
-# Seconds a client may take to send its body: a slow-loris guard.
-BODY_TIMEOUT_S = 30
+# The defaults of --max-body-mb and --body-timeout (their reasons: colibri/settings.py). Under the
+# engine's own payload limit (16 MiB).
+MAX_BODY = int(settings.MAX_BODY_MB.default * (1 << 20))
+BODY_TIMEOUT_S = settings.BODY_TIMEOUT.default
 # No bound on sending a response: a stream lasts as long as its generation (Quart's default, 60 s,
 # would cut a long stream off mid-body).
 RESPONSE_TIMEOUT_S = None
@@ -34,11 +34,13 @@ class PagePath(PathConverter):
     regex = r"(?!v1(?:/|$))[^/].*?"
 
 
-def create_app(state: ServerState) -> QuartTrio:
+def create_app(
+    state: ServerState, max_body: int = MAX_BODY, body_timeout_s: float = BODY_TIMEOUT_S
+) -> QuartTrio:
     app = QuartTrio("colibri")
     app.url_map.converters["page"] = PagePath  # before the blueprint's rules, which use it
     app.config.update(
-        MAX_CONTENT_LENGTH=MAX_BODY, BODY_TIMEOUT=BODY_TIMEOUT_S, RESPONSE_TIMEOUT=RESPONSE_TIMEOUT_S
+        MAX_CONTENT_LENGTH=max_body, BODY_TIMEOUT=body_timeout_s, RESPONSE_TIMEOUT=RESPONSE_TIMEOUT_S
     )
     app.extensions[EXTENSION] = state
     app.extensions[SITE_EXTENSION] = StaticSite(state.web_dist)
@@ -73,7 +75,8 @@ async def cors(response: Response) -> Response:
 
 
 async def http_error(e: HTTPException) -> Response:
-    message = {413: f"request body over {MAX_BODY} bytes", 408: "request body too slow"}.get(
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    message = {413: f"request body over {limit} bytes", 408: "request body too slow"}.get(
         e.code, e.description or e.name
     )
     response = error_response(openai_errors.http_error(e.code or 400, message))

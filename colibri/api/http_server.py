@@ -21,20 +21,20 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
 
+from colibri import settings
 from colibri.api import sdnotify
 from colibri.api.admission import Admission
-from colibri.api.app import create_app
+from colibri.api.app import BODY_TIMEOUT_S, MAX_BODY, create_app
 from colibri.api.engine_client import EngineClient
 from colibri.api.openai_errors import overloaded
 from colibri.api.security import CorsPolicy, HostGuard, require_key_for_bind
 from colibri.api.server_state import ServerState
 from colibri.model.text import ModelText
 
-# Requests handled at once (streams included); beyond it, 503 at once instead of a slow pile-up.
-MAX_CONCURRENT_REQUESTS = 256
-# Seconds an idle keep-alive connection stays open, and the bound on the drain at shutdown.
-KEEP_ALIVE_S = 15
-DRAIN_TIMEOUT_S = 600
+# The defaults of --max-requests, --keep-alive and --drain-timeout (reasons: colibri/settings.py).
+MAX_CONCURRENT_REQUESTS = settings.MAX_REQUESTS.default
+KEEP_ALIVE_S = settings.KEEP_ALIVE.default
+DRAIN_TIMEOUT_S = settings.DRAIN_TIMEOUT.default
 DRAIN_POLL_S = 0.05  # how often the drain looks at admission: a stop a client barely notices
 # Seconds for the engine to persist its slots and exit after EOF: a few slot files to write.
 ENGINE_EXIT_TIMEOUT_S = 60
@@ -59,6 +59,11 @@ class ServeConfig:
     web_dist: Path | None
     open_browser: bool = False
     ram_budget_gb: float | None = None  # --ram-budget for the engine; None: its own default
+    max_body: int = MAX_BODY  # bytes
+    body_timeout_s: float = BODY_TIMEOUT_S
+    max_requests: int = MAX_CONCURRENT_REQUESTS
+    keep_alive_s: float = KEEP_ALIVE_S
+    drain_timeout_s: float = DRAIN_TIMEOUT_S
 
 
 class ConcurrencyLimit:
@@ -125,8 +130,8 @@ def _hypercorn_config(cfg: ServeConfig) -> Config:
     hconfig = Config()
     hconfig.bind = [f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"]
     hconfig.accesslog = None
-    hconfig.keep_alive_timeout = KEEP_ALIVE_S
-    hconfig.graceful_timeout = DRAIN_TIMEOUT_S
+    hconfig.keep_alive_timeout = cfg.keep_alive_s
+    hconfig.graceful_timeout = cfg.drain_timeout_s
     return hconfig
 
 
@@ -145,7 +150,7 @@ async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
         cors=CorsPolicy(list(cfg.cors_origins)),
         web_dist=cfg.web_dist,
     )
-    app = ConcurrencyLimit(create_app(state), MAX_CONCURRENT_REQUESTS)
+    app = ConcurrencyLimit(create_app(state, cfg.max_body, cfg.body_timeout_s), cfg.max_requests)
     hconfig = _hypercorn_config(cfg)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
@@ -159,7 +164,7 @@ async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
             nursery.start_soon(_open_browser, (binds or hconfig.bind)[0])
         await _until_sigterm()
         sdnotify.stopping()
-        await _drain(state)
+        await _drain(state, cfg.drain_timeout_s)
         stop.set()
         with trio.move_on_after(ENGINE_EXIT_TIMEOUT_S):
             await engine.shutdown()
@@ -167,10 +172,10 @@ async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
     return 0
 
 
-async def _drain(state: ServerState) -> None:
+async def _drain(state: ServerState, timeout_s: float) -> None:
     """New generations get 503 from now; those admitted or queued may finish, for a bounded time."""
     state.draining = True
-    with trio.move_on_after(DRAIN_TIMEOUT_S):
+    with trio.move_on_after(timeout_s):
         while state.admission.active or state.admission.queued:
             await trio.sleep(DRAIN_POLL_S)
 
