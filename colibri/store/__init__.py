@@ -1,4 +1,6 @@
-"""The store: the GGUF container over mmap and the quantized block formats it holds."""
+"""The store: the GGUF container over mmap (``gguf``), the block formats it holds (``formats``),
+their packed layout (``packed``, the kernels' and the RAM tier's format) and the expert tiers
+(``experts``). It knows nothing of requests or kernels."""
 
 from colibri.store.formats import GGMLType
 from colibri.store.gguf import GGUFError, GGUFFile, TensorInfo

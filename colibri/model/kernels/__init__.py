@@ -1,6 +1,6 @@
 """numba kernels. All are ``nogil`` (the scheduler runs them off the event loop) and ``cache``d.
 
-- ``quant_matmul``: ``x @ W.T`` computed on W's quantized blocks.
+- ``quant_matmul``: ``x @ W.T`` computed on W's packed blocks (``colibri.store.packed``).
 - ``ops``: RMSNorm, RoPE, SwiGLU.
 - ``attention``: grouped-query attention over a slotted KV cache.
 """
@@ -15,7 +15,7 @@ numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 
 # Start the threading layer now, before any cached kernel is loaded. numba starts it when it
 # compiles or loads a ``parallel=True`` function, but not when it loads from the cache a plain
-# function with parallel code linked into it (``llama``'s ``dense_layer`` calling ``qmatmul``, which
+# function with parallel code linked into it (``network.layers.dense_layer`` calling ``qmatmul``, which
 # calls ``_direct``) whose callees were themselves loaded from the cache when it was compiled: that
 # function then calls into a threading layer that was never started, and segfaults (numba issues
 # #4807, #8578). Which cache entries are like that depends on the order in which earlier processes
