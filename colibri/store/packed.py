@@ -42,6 +42,11 @@ T_BF16 = int(GGMLType.BF16)
 T_Q8_0 = int(GGMLType.Q8_0)
 T_Q4_0 = int(GGMLType.Q4_0)
 T_Q4_1 = int(GGMLType.Q4_1)
+# Block sizes for ``dequantize_row``, from the table (numba reads module constants, not dicts).
+Q4_0_NBYTES = FORMATS[GGMLType.Q4_0].nbytes
+Q4_1_NBYTES = FORMATS[GGMLType.Q4_1].nbytes
+Q8_0_NBYTES = FORMATS[GGMLType.Q8_0].nbytes
+Q8_0_QUANTS_AT = FORMATS[GGMLType.Q8_0].pack.quants_at
 
 # IEEE half -> float32 for every bit pattern: numba has no float16 on the CPU, and a 256 KB table
 # lookup is cheaper than decoding exponent and mantissa by hand.
@@ -167,7 +172,7 @@ def dequantize_row(w: np.ndarray, gtype: int, out: np.ndarray) -> None:
     routers and float-widened matrices. A type with no branch here raises."""
     k = out.shape[0]
     if gtype == T_Q4_1 or gtype == T_Q4_0:
-        size = 20 if gtype == T_Q4_1 else 18
+        size = Q4_1_NBYTES if gtype == T_Q4_1 else Q4_0_NBYTES
         for b in range(k // BLOCK):
             base = b * size
             d = half(w[base], w[base + 1])
@@ -179,10 +184,10 @@ def dequantize_row(w: np.ndarray, gtype: int, out: np.ndarray) -> None:
                 out[b * BLOCK + Q4_BYTES + j] = d * hi + m
     elif gtype == T_Q8_0:
         for b in range(k // BLOCK):
-            base = b * 34
+            base = b * Q8_0_NBYTES
             d = half(w[base], w[base + 1])
             for j in range(BLOCK):
-                out[b * BLOCK + j] = d * np.float32(np.int8(w[base + 2 + j]))
+                out[b * BLOCK + j] = d * np.float32(np.int8(w[base + Q8_0_QUANTS_AT + j]))
     elif gtype == T_F32:
         out[:] = w[: 4 * k].view(np.float32)
     elif gtype == T_F16:
