@@ -55,15 +55,17 @@ $(PEER_STAMP): $(STAMP)
 bench: install
 	$(BIN)/python bench/bench_forward.py
 
-# The protocol codecs under libFuzzer, FUZZ_SECONDS each; new inputs go to fuzz/out/ (ignored), the
-# seed corpora in fuzz/corpus/ are only read. A crash leaves its input in fuzz/out/ (fuzz/README.md).
+# The protocol codecs and the HTTP body validator under libFuzzer, FUZZ_SECONDS each; new inputs go
+# to fuzz/out/ (ignored), the seed corpora in fuzz/corpus/ are only read. A crash leaves its input in fuzz/out/ (fuzz/README.md).
 FUZZ_SECONDS ?= 60
 fuzz: install
-	$(BIN)/pip install -q -e '.[fuzz]'
-	@mkdir -p fuzz/out/mux fuzz/out/legacy
+	$(BIN)/python -c 'import atheris' 2>/dev/null || $(BIN)/pip install -q -e '.[fuzz]'
+	@mkdir -p fuzz/out/mux fuzz/out/legacy fuzz/out/http
 	$(BIN)/python fuzz/fuzz_mux.py fuzz/out/mux fuzz/corpus/mux -dict=fuzz/mux.dict \
 		-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/out/ -print_final_stats=1
 	$(BIN)/python fuzz/fuzz_legacy.py fuzz/out/legacy fuzz/corpus/legacy -dict=fuzz/legacy.dict \
+		-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/out/ -print_final_stats=1
+	$(BIN)/python fuzz/fuzz_http_body.py fuzz/out/http fuzz/corpus/http -dict=fuzz/http.dict \
 		-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/out/ -print_final_stats=1
 
 clean:

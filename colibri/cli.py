@@ -15,7 +15,7 @@ from functools import partial
 import numpy as np
 
 from colibri import __version__, settings
-from colibri.errors import ColibriError
+from colibri.errors import ColibriError, ConfigError
 
 
 def _ids(text: str) -> list[int]:
@@ -72,7 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             messages = [{"role": "user", "content": args.prompt}]
             if args.system is not None:
                 messages.insert(0, {"role": "system", "content": args.system})
-            prompt = tok.encode(model.chat_template.render(messages), special=True)
+            prompt = model.text.encode_chat(messages)  # PROMPT is data: no control tokens in it
     _check_ids(model, prompt)
     stop_ids = _stop_ids(model)
     decoder = model.tokenizer.stream() if args.output != "ids" else None
@@ -182,6 +182,8 @@ def cmd_engine(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     from colibri.terminal_chat import chat
 
+    if args.state_dir is not None:
+        settings.state_dir(args)  # a bad one fails here, once, not in the engine it starts
     engine_args = ["--protocol", "legacy", "--max-tokens", str(args.max_tokens)]
     for flag, value in (("--model", args.model), ("--state-dir", args.state_dir), ("--ctx", args.ctx),
                         ("--ram-budget", args.ram_budget)):
@@ -209,6 +211,8 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
     if not 0 <= port <= 65535:
         raise ColibriError(f"--port must be 0..65535, got {port}")
     web = settings.resolve(args, settings.WEB_DIST)
+    if web and Path(web).exists() and not Path(web).is_dir():  # missing is fine: "not built"
+        raise ConfigError(f"--web-dist {web!r} is not a directory")
     limits = {s.name: settings.resolve(args, s) for s in settings.HTTP_LIMITS}
     if not all(value > 0 for value in limits.values()):
         raise ColibriError("--max-body-mb, --body-timeout, --max-requests, --keep-alive and "
@@ -244,7 +248,9 @@ def _add_model_commands(sub: argparse._SubParsersAction) -> None:
     settings.add(run, settings.MODEL, settings.CTX, settings.PREFILL_CHUNK, settings.RAM_BUDGET)
     run.add_argument("prompt", nargs="?", metavar="PROMPT")
     run.add_argument("--system", help="system message for the chat template")
-    run.add_argument("--raw", action="store_true", help="pass PROMPT as-is, without the chat template")
+    run.add_argument("--raw", action="store_true",
+                     help="pass PROMPT as-is, without the chat template; control-token text in it "
+                          "(<|im_end|>) becomes the control token, on purpose")
     run.add_argument("--prompt-ids", metavar="IDS", help="prompt as comma-separated token ids")
     run.add_argument("--max-tokens", type=int, default=256)
     run.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
@@ -278,12 +284,16 @@ def _add_engine_commands(sub: argparse._SubParsersAction) -> None:
     settings.add(engine, settings.MODEL, settings.KV_SLOTS, settings.CTX, settings.STATE_DIR,
                  settings.PREFILL_CHUNK, settings.RAM_BUDGET)
     engine.add_argument("--protocol", choices=("mux", "legacy"),
-                        help="default: mux (SERVE_BATCH=1); legacy with SERVE=1 alone")
+                        help="default: mux (SERVE_BATCH=1); legacy with SERVE=1 alone. A SUBMIT's "
+                             "text and legacy input parse control-token text on purpose (the host "
+                             "owns the template); SUBMIT_IDS carries tokens the host chose")
     engine.add_argument("--no-persist", action="store_true", help="keep slots in memory only")
     engine.add_argument("--max-tokens", type=int, default=512, help="legacy: answer length limit")
     engine.set_defaults(func=cmd_engine)
 
-    chat = sub.add_parser("chat", help="chat in the terminal (/reset, /more, Ctrl-C stops an answer)")
+    chat = sub.add_parser("chat", help="chat in the terminal (/reset, /more, Ctrl-C stops an answer); "
+                                       "control-token text you type is parsed, on purpose: the "
+                                       "terminal's user owns the conversation")
     settings.add(chat, settings.MODEL, settings.CTX, settings.STATE_DIR, settings.RAM_BUDGET)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.set_defaults(func=cmd_chat)
@@ -342,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except ColibriError as e:
         print(f"coli: error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_status
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

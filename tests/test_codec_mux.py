@@ -130,7 +130,7 @@ responses = st.one_of(
     st.builds(TopK, id=ids,
               candidates=st.lists(st.tuples(finite, st.binary(max_size=8)), max_size=6).map(tuple)),
     st.builds(Done, id=ids, emitted=nonneg, tok_s=finite, hit_pct=finite, rss_gb=finite,
-              prompt_tokens=nonneg, length_limited=st.booleans()),
+              prompt_tokens=nonneg, length_limited=st.booleans(), saved=st.sampled_from([None, False, True])),
     st.builds(Error, id=ids, code=st.sampled_from(list(ErrorCode)).filter(
         lambda c: c != ErrorCode.CONTEXT_EXCEEDED)),
     st.builds(Error, id=ids, code=st.just(ErrorCode.CONTEXT_EXCEEDED), args=st.tuples(nonneg, nonneg)),
@@ -164,7 +164,7 @@ def as_encoded(ev):
             return TopK(ev.id, tuple((rounded(lp, 4), t) for lp, t in ev.candidates))
         case Done():
             return Done(ev.id, ev.emitted, rounded(ev.tok_s, 2), rounded(ev.hit_pct, 1),
-                        rounded(ev.rss_gb, 2), ev.prompt_tokens, ev.length_limited)
+                        rounded(ev.rss_gb, 2), ev.prompt_tokens, ev.length_limited, ev.saved)
         case HwInfo():
             return HwInfo(ev.cores, rounded(ev.ram_total_gb, 1), rounded(ev.ram_avail_gb, 1), ev.ngpu,
                           rounded(ev.vram_total_gb, 1), ev.cpu_name, ev.gpu_name)
@@ -240,6 +240,8 @@ def test_responses_round_trip_any_chunking(resps, cuts):
     Data(2, b""),
     TopK(3, ((-0.1234, b"a"), (-1.5, b""), (-2.0, b"\n"), (-3.0, b" "), (-4.0, b"\xff"))),
     Done(4, 10, 12.34, 56.7, 1.23, 42, True),
+    Done(4, 10, 12.34, 56.7, 1.23, 42, True, False),
+    Done(4, 10, 12.34, 56.7, 1.23, 42, False, True),
     Error(5, ErrorCode.CANCELLED),
     Error(6, ErrorCode.CONTEXT_EXCEEDED, (5000, 4096)),
     HwInfo(16, 62.5, 40.1, 1, 80.0, "AMD EPYC 7763 64-Core Processor", "NVIDIA H100 | 80GB"),
@@ -259,3 +261,22 @@ def test_each_response_kind_round_trips(event):
     blob = encode_response(event)
     for pieces in all_feeds(blob, [3, 7]):
         assert read_responses(pieces) == [as_encoded(event)]
+
+
+# ---------------------------------------------------------------- SUBMIT_IDS
+
+
+@given(st.lists(st.integers(0, 200_000), min_size=1, max_size=50), st.integers(1, 1 << 40))
+def test_submit_ids_round_trip(ids, rid):
+    sub = Submit(rid, 0, 16, 0.0, 1.0, "", None, tuple(ids))
+    blob = encode_request(sub)
+    assert blob.startswith(b"SUBMIT_IDS ")
+    assert read_requests([blob]) == [sub, EndOfInput()]
+
+
+@pytest.mark.parametrize("payload", [b"", b"1,,2", b"1,a", b" 1", b"-1", b"1," + b"9" * 30])
+def test_submit_ids_payload_must_be_ids(payload):
+    blob = f"SUBMIT_IDS 4 0 {len(payload)} 16 0.7 0.9\n".encode() + payload + b"\nCANCEL 9\n"
+    events = read_requests([blob])
+    assert [type(e) for e in events] == [ProtocolError, Cancel, EndOfInput]
+    assert events[0].id == 4 and events[0].code == ErrorCode.BAD_REQUEST

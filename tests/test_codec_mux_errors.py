@@ -22,8 +22,10 @@ from colibri.io.mux import (
     MAX_ID,
     MAX_LINE,
     MAX_PAYLOAD,
+    MAX_SKIP,
     READY_LINE,
     RequestReader,
+    payload_limit,
 )
 
 # ---------------------------------------------------------------- request errors, one by one
@@ -129,8 +131,26 @@ def test_oversized_payload_count_beyond_u64_digits():
 
 
 def test_eof_while_skipping_an_oversized_payload():
-    blob = f"SUBMIT 5 0 {MAX_ID} 16 0.7 0.9\n".encode() + b"x" * 1000
+    blob = f"SUBMIT 5 0 {MAX_SKIP} 16 0.7 0.9\n".encode() + b"x" * 1000
     assert pe(read_requests([blob])) == [(ProtocolError, 5, BR), EndOfInput()]
+
+
+def test_a_count_no_payload_could_have_does_not_stall_the_stream():
+    """A count past MAX_SKIP (10^12) is not waited for: the next line is read as a request."""
+    blob = f"SUBMIT 5 0 {10**12} 16 0.7 0.9\nCANCEL 7\n".encode()
+    assert pe(read_requests([blob])) == [(ProtocolError, 5, BR), Cancel(7), EndOfInput()]
+
+
+def test_the_payload_cap_comes_from_the_context():
+    """The engine's reader refuses a payload that cannot fit its context, before reading it."""
+    limit = payload_limit(n_ctx=64, bytes_per_token=8)
+    assert limit == 512
+    reader = RequestReader(max_payload=limit)
+    ok = f"SUBMIT 5 0 {limit} 16 0.7 0.9\n".encode() + b"a" * limit + b"\n"
+    over = f"SUBMIT 6 0 {limit + 1} 16 0.7 0.9\n".encode() + b"a" * (limit + 1) + b"\nCANCEL 7\n"
+    events = reader.receive_data(ok + over)
+    assert [type(e) for e in events] == [Submit, ProtocolError, Cancel]
+    assert events[1].id == 6 and events[1].code == BR
 
 
 @pytest.mark.parametrize(("blob", "expected"), [

@@ -1,6 +1,7 @@
 """Replay the fuzzers' seed corpora (fuzz/corpus/) through their ``check`` functions: no atheris
 needed, so every ``make test`` re-checks the invariants of fuzz/fuzz_mux.py and fuzz/fuzz_legacy.py
-on the protocol's valid frames and known edge cases."""
+on the protocol's valid frames and known edge cases, and those of fuzz/fuzz_http_body.py on request
+bodies (valid ones, lone surrogates, deep nesting, huge integers, wrong types)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 FUZZ = Path(__file__).resolve().parent.parent / "fuzz"
-HARNESSES = {"mux": "fuzz_mux.py", "legacy": "fuzz_legacy.py"}
+HARNESSES = {"mux": "fuzz_mux.py", "legacy": "fuzz_legacy.py", "http": "fuzz_http_body.py"}
 
 
 def load(name: str):

@@ -16,6 +16,7 @@ def test_unit_declares_notify_and_drain():
     text = UNIT.read_text()
     assert "Type=notify" in text and "NotifyAccess=main" in text
     assert "KillSignal=SIGTERM" in text and "coli serve" in text
+    assert "RestartPreventExitStatus=2" in text  # a configuration error is not retried for ever
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")

@@ -14,7 +14,7 @@ from werkzeug.routing import PathConverter
 from colibri import settings
 from colibri.api import openai_errors
 from colibri.api.routes import SITE_EXTENSION, blueprint, error_response, server_state
-from colibri.api.security import check_api_key
+from colibri.api.security import check_api_key, is_json_content_type, origin_allowed
 from colibri.api.server_state import EXTENSION, ServerState
 from colibri.api.static import StaticSite
 
@@ -53,20 +53,33 @@ def create_app(
 
 
 async def guard() -> Response | None:
-    """Before any route: the Host header (DNS rebinding), CORS preflights, then the API key."""
+    """Before any route, before the body is read: the Host header (DNS rebinding), CORS preflights,
+    the Origin (a foreign page's request), the API key, then a POST's Content-Type (JSON only: a
+    foreign page can send other types without a preflight)."""
     state = server_state()
-    if not state.host_guard.allowed(request.headers.get("host")):
+    origin, host = request.headers.get("origin"), request.headers.get("host")
+    if not state.host_guard.allowed(host):
         return error_response(openai_errors.host_not_allowed())
     if request.method == "OPTIONS":
-        headers = state.cors.headers_for(
-            request.headers.get("origin"), True, request.headers.get("access-control-request-headers")
-        )
+        headers = state.cors.headers_for(origin, True, request.headers.get("access-control-request-headers"))
         return Response("", status=204 if headers else 403, headers=headers)
+    if not origin_allowed(origin, host, state.cors):
+        return _refused(openai_errors.origin_not_allowed(origin or ""))
     if request.path.startswith("/v1/") and not check_api_key(
         state.api_key, request.headers.get("authorization"), request.headers.get("x-api-key")
     ):
         return error_response(openai_errors.invalid_api_key())
+    content_type = request.headers.get("content-type")
+    if request.method == "POST" and request.url_rule is not None and not is_json_content_type(content_type):
+        return _refused(openai_errors.unsupported_media_type(content_type))
     return None
+
+
+def _refused(err: openai_errors.ApiError) -> Response:
+    """A refusal before the body is read: the connection ends, so no client reuses it."""
+    response = error_response(err)
+    response.headers["connection"] = "close"
+    return response
 
 
 async def cors(response: Response) -> Response:

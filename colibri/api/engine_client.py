@@ -10,11 +10,12 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import trio
 
+from colibri.errors import ConfigError
 from colibri.io.events import (
     Cancel,
     Data,
@@ -42,6 +43,14 @@ RESTART_MAX_S = 30.0
 # An engine that served this long before dying was healthy: the next restart waits the first delay.
 RESTART_RESET_S = 60.0
 READ_SIZE = 1 << 16
+# An engine that fails to start (exits before READY) this many times in a row with the same last
+# words is misconfigured, not crashing: a state directory it cannot use, a model it cannot load.
+# Retrying would loop for ever, so the server stops with the engine's message.
+SAME_START_FAILURES = 2
+
+
+class EngineStartFailed(ConfigError):
+    """The engine failed to start the same way SAME_START_FAILURES times in a row."""
 
 
 class EngineDied(Exception):
@@ -58,6 +67,26 @@ class Telemetry:
     hits: Hits | None = None
     seq: int = 0  # bumps with every EMAP/HITS
     hit_pct: float | None = None  # the expert store's hit rate over the last finished turn (MoE)
+
+
+@dataclass
+class PersistStatus:
+    """What the engine's DONEs say about saving KV slots: a failed save must not pass for a saved
+    turn (docs/persistence.md), so /health and /metrics report it."""
+
+    enabled: bool  # the engine has a state directory (not --no-persist): saved 0 is then a failure
+    failures: int = 0  # DONEs that said their slot was not saved
+    last_failed: bool = False  # the most recent DONE that said anything said: not saved
+    on_failure: Callable[[], object] | None = None  # counts a failure into /metrics
+
+    def note(self, done: Done) -> None:
+        if not self.enabled or done.saved is None:  # None: an engine that does not say
+            return
+        self.last_failed = not done.saved
+        if self.last_failed:
+            self.failures += 1
+            if self.on_failure is not None:
+                self.on_failure()
 
 
 @dataclass(eq=False)
@@ -81,30 +110,31 @@ class EngineClient:
     _write_lock: trio.Lock = field(default_factory=trio.Lock)
     _ready_event: trio.Event = field(default_factory=trio.Event)
     _stopping: bool = False
+    persist: PersistStatus = field(init=False)
+
+    def __post_init__(self) -> None:
+        # The engine is told --no-persist exactly when the server has no state directory.
+        self.persist = PersistStatus(enabled="--no-persist" not in self.engine_args)
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Keep an engine running; ``started`` once the first one is READY."""
-        backoff, started = RESTART_FIRST_S, False
+        """Keep an engine running; ``started`` once the first one is READY. Raises
+        EngineStartFailed when it fails to start the same way SAME_START_FAILURES times running."""
+        backoff, started, failures = RESTART_FIRST_S, False, []
         while True:
-            cmd = [sys.executable, "-m", "colibri", "engine", *self.engine_args]
-            proc = await trio.lowlevel.open_process(
-                cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env
-            )
             began = trio.current_time()
-            try:
-                self._proc = proc
-                await self._read(proc, task_status if not started else None)
-                started = started or self._ready_event.is_set()
-                code = await proc.wait()
-            finally:
-                if proc.returncode is None:  # cancelled: the engine does not outlive us
-                    proc.kill()
-                    with trio.CancelScope(shield=True):
-                        await proc.wait()
+            code, last_words = await self._run_once(task_status if not started else None)
+            was_ready = self._ready_event.is_set()
+            started = started or was_ready
             self.ready = False
             if self._stopping:
                 self.reason = "stopped"
                 return
+            why = last_words or f"exit status {code}"
+            failures = [] if was_ready else [*failures, why][-SAME_START_FAILURES:]
+            if len(failures) == SAME_START_FAILURES and len(set(failures)) == 1:
+                self.reason = f"the engine cannot start: {failures[0]}"
+                self._fail_all()
+                raise EngineStartFailed(self.reason)
             self.reason = f"engine exited with status {code}; restarting"
             self._fail_all()
             self._ready_event = trio.Event()
@@ -114,6 +144,27 @@ class EngineClient:
             await trio.sleep(backoff)
             backoff = min(RESTART_MAX_S, backoff * 2)
             self.restarts += 1
+
+    async def _run_once(self, task_status: trio.TaskStatus[None] | None) -> tuple[int, str]:
+        """One engine process, until it exits: (its exit status, its last line on stderr). Its
+        stderr is relayed to ours line by line."""
+        cmd = [sys.executable, "-m", "colibri", "engine", *self.engine_args]
+        proc = await trio.lowlevel.open_process(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env
+        )
+        last: list[str] = []
+        try:
+            async with trio.open_nursery() as relay:
+                relay.start_soon(_relay_stderr, proc.stderr, last)
+                self._proc = proc
+                await self._read(proc, task_status)
+                code = await proc.wait()
+        finally:
+            if proc.returncode is None:  # cancelled: the engine does not outlive us
+                proc.kill()
+                with trio.CancelScope(shield=True):
+                    await proc.wait()
+        return code, last[0] if last else ""
 
     async def _read(self, proc: trio.Process, task_status: trio.TaskStatus[None] | None) -> None:
         reader = ResponseReader()
@@ -133,6 +184,8 @@ class EngineClient:
                         task_status = None
                     continue
                 rid = getattr(event, "id", 0)
+                if isinstance(event, Done):  # an abandoned request's DONE counts too
+                    self.persist.note(event)
                 if isinstance(event, Done) and self.telemetry.emap and self.telemetry.emap.rows:
                     self.telemetry.hit_pct = event.hit_pct  # MoE only: a dense model has no store
                 if rid and isinstance(event, Data | TopK | Done | Error | Perf):
@@ -181,11 +234,12 @@ class EngineClient:
                 raise EngineDied("the engine's stdin is closed") from e
 
     async def generate(
-        self, prompt: str, slot: int, max_tokens: int, temperature: float, top_p: float,
-        seed: int | None = None,
+        self, prompt: str | tuple[int, ...], slot: int, max_tokens: int, temperature: float,
+        top_p: float, seed: int | None = None,
     ) -> AsyncIterator[Data | TopK | Perf | Done | Error]:
-        """The request's events up to its Done or Error. Leaving the loop early (a client gone, a
-        stop string) cancels the request in the engine."""
+        """The request's events up to its Done or Error. ``prompt``: token ids (SUBMIT_IDS), or
+        text the engine tokenizes with control tokens parsed (SUBMIT). Leaving the loop early (a
+        client gone, a stop string) cancels the request in the engine."""
         rid = self._next_id
         self._next_id += 1
         send, recv = trio.open_memory_channel(math.inf)
@@ -193,7 +247,9 @@ class EngineClient:
         self._flights[rid] = flight
         finished = False
         try:
-            await self._write(encode_request(Submit(rid, slot, max_tokens, temperature, top_p, prompt, seed)))
+            text, ids = (prompt, None) if isinstance(prompt, str) else ("", tuple(prompt))
+            submit = Submit(rid, slot, max_tokens, temperature, top_p, text, seed, ids)
+            await self._write(encode_request(submit))
             async with recv:
                 async for event in recv:
                     if isinstance(event, Done | Error):
@@ -230,3 +286,22 @@ class EngineClient:
 
 def is_cancelled(event: object) -> bool:
     return isinstance(event, Error) and event.code == ErrorCode.CANCELLED
+
+
+async def _relay_stderr(stream: trio.abc.ReceiveStream, last: list[str]) -> None:
+    """The engine's stderr onto ours, whole lines at a time; ``last`` keeps its last non-empty
+    line (an engine that fails to start says why there, as ``coli: error: …``)."""
+    pending = b""
+    async for chunk in stream:
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            sys.stderr.buffer.write(line + b"\n")
+            if line.strip():
+                last[:] = [line.decode("utf-8", "replace").strip().removeprefix("coli: error: ")]
+        sys.stderr.flush()
+    if pending:
+        sys.stderr.buffer.write(pending + b"\n")
+        last[:] = [pending.decode("utf-8", "replace").strip().removeprefix("coli: error: ")]
+        sys.stderr.flush()
+

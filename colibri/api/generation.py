@@ -98,7 +98,8 @@ class GenerationRun:
         self._start, self._last = time.perf_counter(), None
         pending: list[TokenLogprob] = []
         held: tuple[str, bool] | None = None  # a DATA's text and stop hit, until its TOPK (which follows)
-        stream = self.engine.generate(g.prompt, self.slot, g.max_tokens, g.temperature, g.top_p, g.seed)
+        prompt = g.prompt_ids or g.prompt
+        stream = self.engine.generate(prompt, self.slot, g.max_tokens, g.temperature, g.top_p, g.seed)
         try:
             async for event in stream:
                 if isinstance(event, TopK):
@@ -156,7 +157,8 @@ class GenerationRun:
 
     def record_usage(self) -> tuple[int, int]:
         """(prompt, completion) tokens, counted into the metrics: call it once, at the end."""
-        prompt = self.done.prompt_tokens if self.done else self.count_tokens(self.gen.prompt)
+        counted = len(self.gen.prompt_ids) or self.count_tokens(self.gen.prompt)
+        prompt = self.done.prompt_tokens if self.done else counted
         completion = len(self.tokens) if self.tokens or not self.done else self.done.emitted
         self.metrics.tokens.inc(prompt, kind="prompt")
         self.metrics.tokens.inc(completion, kind="completion")
@@ -174,6 +176,7 @@ class GenerationRun:
                 "rss_gb": d.rss_gb,
                 "prompt_tokens": d.prompt_tokens,
                 "length_limited": d.length_limited,
+                "saved": d.saved,  # the slot file was written; null: the engine did not say
             }
         if p:
             out["perf"] = {k: v for k, v in p.__dict__.items() if k != "id"}

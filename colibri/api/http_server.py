@@ -25,9 +25,10 @@ from colibri import settings
 from colibri.api import sdnotify
 from colibri.api.admission import Admission
 from colibri.api.app import BODY_TIMEOUT_S, MAX_BODY, create_app
-from colibri.api.engine_client import EngineClient
-from colibri.api.openai_errors import overloaded
-from colibri.api.security import CorsPolicy, HostGuard, require_key_for_bind
+from colibri.api.engine_client import EngineClient, EngineStartFailed
+from colibri.api.openai_errors import ambiguous_framing, overloaded
+from colibri.api.openai_requests import Generation
+from colibri.api.security import CorsPolicy, HostGuard, ambiguous_framing_headers, require_key_for_bind
 from colibri.api.server_state import ServerState
 from colibri.model.text import ModelText
 
@@ -40,6 +41,11 @@ DRAIN_POLL_S = 0.05  # how often the drain looks at admission: a stop a client b
 ENGINE_EXIT_TIMEOUT_S = 60
 # The 503 beyond MAX_CONCURRENT_REQUESTS, made once: it is sent before the app sees the request.
 _OVERLOADED = overloaded().json_bytes()
+_AMBIGUOUS = ambiguous_framing().json_bytes()  # the 400 to a request framed two ways, made once
+# How much of such a request's body is read (and dropped) before the 400, and for how long: what a
+# client sent at once arrives within this; one still sending is answered anyway, then closed.
+DISCARD_BODY_BYTES = 1 << 20
+DISCARD_BODY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,9 @@ class ServeConfig:
 
 
 class ConcurrencyLimit:
-    """ASGI middleware: at most ``limit`` HTTP requests in progress; the rest get 503 at once."""
+    """ASGI middleware, the first to see a request's raw headers: a request framed by both
+    Content-Length and Transfer-Encoding gets 400 and its connection closed (request smuggling);
+    at most ``limit`` HTTP requests in progress, the rest get 503 at once."""
 
     def __init__(self, app: ASGIFramework, limit: int) -> None:
         self.app, self.limit, self.active = app, limit, 0
@@ -75,21 +83,37 @@ class ConcurrencyLimit:
     async def __call__(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if ambiguous_framing_headers(scope["headers"]):
+            # Connection: close makes hypercorn close after the answer: what follows is never read.
+            await _discard_body(receive)
+            return await _answer(_shield_last_send(send), 400, _AMBIGUOUS, (b"connection", b"close"))
         if self.active >= self.limit:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 503,
-                    "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")],
-                }
-            )
-            await send({"type": "http.response.body", "body": _OVERLOADED})
-            return
+            return await _answer(send, 503, _OVERLOADED, (b"retry-after", b"1"))
         self.active += 1
         try:
             await self.app(scope, receive, _shield_last_send(send))
         finally:
             self.active -= 1
+
+
+async def _discard_body(receive: ASGIReceiveCallable) -> None:
+    """Let hypercorn read a refused request to its end (as chunked: h11 lets Transfer-Encoding
+    win), within bounds. Answered sooner, the answer raced hypercorn's close against a pipelined
+    request: half of those 400s were lost (a reset, or a send clashing with the close)."""
+    received = 0
+    with trio.move_on_after(DISCARD_BODY_S):
+        while received <= DISCARD_BODY_BYTES:
+            message = await receive()
+            received += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
+
+
+async def _answer(send: ASGISendCallable, status: int, body: bytes, header: tuple[bytes, bytes]) -> None:
+    """A JSON error sent before the app sees the request."""
+    headers = [(b"content-type", b"application/json"), header]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _shield_last_send(send: ASGISendCallable) -> ASGISendCallable:
@@ -113,7 +137,26 @@ def run_server(cfg: ServeConfig) -> int:
     text = ModelText.open(cfg.model_path)  # the template and the vocabulary: no weights in this process
     _ = text.chat_template  # built now: a model without a usable template fails at start, not later
     n_ctx = min(cfg.ctx, text.context_length or cfg.ctx)
-    return trio.run(_serve, cfg, text, n_ctx)
+    try:
+        return trio.run(_serve, cfg, text, n_ctx)
+    except BaseExceptionGroup as group:  # the nursery's: a start failure is the one to tell
+        failed, _ = group.split(EngineStartFailed)
+        if failed is None:
+            raise
+        raise _first(failed) from None
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    inner = group.exceptions[0]
+    return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner
+
+
+def prompt_ids(text: ModelText, gen: Generation) -> list[int]:
+    """A request's prompt by the trust rule: for chat, the template's markup with its control
+    tokens and the messages as plain text; for a completion, the client's text, plain."""
+    if gen.kind == "chat":
+        return text.encode_chat(gen.messages, gen.enable_thinking)
+    return text.encode_text(gen.prompt)
 
 
 def _engine(cfg: ServeConfig, n_ctx: int) -> EngineClient:
@@ -146,6 +189,7 @@ async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
         admission=Admission(cfg.kv_slots, cfg.max_queue, cfg.queue_timeout),
         render=text.render,
         count_tokens=text.count_tokens,
+        encode=partial(prompt_ids, text),
         host_guard=HostGuard(cfg.host, cfg.port),
         cors=CorsPolicy(list(cfg.cors_origins)),
         web_dist=cfg.web_dist,

@@ -196,6 +196,7 @@ class ServerMetrics:
     time_to_first_token: Histogram
     token_latency: Histogram  # one observation per generated token
     queue_wait: Histogram
+    persist_failures: Counter  # turns whose KV slot the engine could not save
 
 
 def server_metrics() -> tuple[Registry, ServerMetrics]:
@@ -221,6 +222,12 @@ def server_metrics() -> tuple[Registry, ServerMetrics]:
         queue_wait=r.register(
             Histogram(
                 "colibri_queue_wait_seconds", "Seconds a request waited for admission.", QUEUE_WAIT_BUCKETS
+            )
+        ),
+        persist_failures=r.register(
+            Counter(
+                "colibri_persist_failures_total",
+                "Turns whose KV slot the engine failed to save to the state directory.",
             )
         ),
     )

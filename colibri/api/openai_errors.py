@@ -9,6 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+# How much of a client's value an error message quotes: enough to recognise it, while a body's
+# worth of text (a 4 MiB "role") is not echoed back.
+MAX_SHOWN_CHARS = 80
+
 
 class ApiError(Exception):
     """An HTTP error status with its OpenAI body; raised anywhere below a route, answered there."""
@@ -32,6 +36,17 @@ class ApiError(Exception):
         return json.dumps(self.body()).encode()
 
 
+def shown(value: Any) -> str:
+    """``repr(value)`` for a message, cut to MAX_SHOWN_CHARS (the repr of a long or deep value
+    is built no further than that)."""
+    if isinstance(value, str):
+        return repr(value[:MAX_SHOWN_CHARS]) + ("..." if len(value) > MAX_SHOWN_CHARS else "")
+    if isinstance(value, dict | list):
+        return type(value).__name__  # no repr: its size and depth are the client's
+    text = repr(value)
+    return text[:MAX_SHOWN_CHARS] + ("..." if len(text) > MAX_SHOWN_CHARS else "")
+
+
 # ----------------------------------------------------------------------------- the request
 
 
@@ -50,6 +65,15 @@ def context_length_exceeded(used: int, limit: int, param: str) -> ApiError:
     )
 
 
+def ambiguous_framing() -> ApiError:
+    """RFC 9112 6.3: Content-Length and Transfer-Encoding together may be a smuggling attempt."""
+    return ApiError(
+        400,
+        "the request has both Content-Length and Transfer-Encoding: its length is ambiguous",
+        code="ambiguous_framing",
+    )
+
+
 # ----------------------------------------------------------------------------- HTTP and the guards
 
 
@@ -64,6 +88,24 @@ def not_found() -> ApiError:
 
 def host_not_allowed() -> ApiError:
     return ApiError(421, "Host header not allowed", type_="invalid_request_error", code="host_not_allowed")
+
+
+def origin_not_allowed(origin: str) -> ApiError:
+    """A browser page of another origin (not the server's own, not a --cors-origin)."""
+    return ApiError(
+        403,
+        f"Origin {shown(origin)} not allowed: not this server's own origin nor a --cors-origin",
+        type_="permission_error",
+        code="origin_not_allowed",
+    )
+
+
+def unsupported_media_type(content_type: str | None) -> ApiError:
+    """A POST body not labelled JSON: what a cross-origin page can send without a CORS preflight."""
+    got = f"got {shown(content_type)}" if content_type else "got none"
+    return ApiError(
+        415, f"Content-Type must be application/json ({got})", code="unsupported_media_type"
+    )
 
 
 def invalid_api_key() -> ApiError:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from colibri.api.openai_errors import bad
+from colibri.api.openai_errors import bad, shown
 from colibri.api.stop import validate_stops
+from colibri.errors import ColibriError
 from colibri.io.events import TOPK_CANDIDATES
 
 # The engine's TOPK lines carry this many candidates: the most top_logprobs can give.
@@ -26,6 +28,15 @@ DEFAULT_MAX_TOKENS = 1024
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")  # OpenAI's values
 MIN_TOP_P = 1e-9  # top_p must be positive (0 would keep no token at all)
+# An OpenAI body nests about 5 deep (messages[i].content[j].text); deeper is no request but a bid
+# for the recursion of whatever walks it (json's own parser fails near 1000 with RecursionError).
+MAX_JSON_DEPTH = 64
+# The longest integer a field takes is a uint64 seed (20 digits); longer ones are refused while
+# parsing, before Python's own guard (4300 digits, a ValueError) or a quadratic conversion.
+MAX_INT_DIGITS = 40
+# A digit run that long somewhere in the body (perhaps in a string): only then is each integer
+# checked as it is parsed, a Python call per integer that plain bodies need not pay.
+_LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
 
 # ``render(messages, enable_thinking) -> prompt``: the model's chat template.
 Render = Callable[[list[dict[str, str]], bool], str]
@@ -92,14 +103,20 @@ class Generation:
     top_logprobs: int
     cache_slot: int | None
     messages: list[dict[str, str]] = field(default_factory=list)
+    enable_thinking: bool = False
+    # The prompt's token ids, set by the server after parsing (model/text.py's trust rule: client
+    # text never becomes a control token); empty, the engine tokenizes ``prompt`` itself.
+    prompt_ids: tuple[int, ...] = ()
 
 
 def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
     value = body.get(name, default)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise bad(name, f"'{name}' must be a number")
+    if isinstance(value, float) and not math.isfinite(value):  # not for an int: 10**400 overflows it
+        raise bad(name, f"'{name}' must be a finite number")
     if not lo <= value <= hi:
         raise bad(name, f"'{name}' must be between {lo:g} and {hi:g}")
     return float(value)
@@ -124,12 +141,24 @@ def _check_fields(body: dict, allowed: set[str]) -> None:
             continue
         if name in ("tools", "tool_choice", "functions", "function_call") and not value:
             continue
-        raise bad(name, _REFUSALS.get(name, f"'{name}' is not supported"))
+        raise bad(name, _REFUSALS.get(name, f"{shown(name)} is not supported"))
+
+
+def _utf8(text: str, where: str) -> str:
+    """``text`` if UTF-8 can encode it. JSON's ``\\ud800`` escapes decode to lone surrogates, which
+    no prompt, token or stop string can hold: a 400 here, not a 500 (or a cut stream) later."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = ord(text[e.start])
+        raise bad(where, f"'{where}' holds a lone surrogate (\\u{char:04x}), which is not Unicode "
+                         "text and cannot be encoded as UTF-8") from None
+    return text
 
 
 def _text_content(content: Any, where: str) -> str:
     if isinstance(content, str):
-        return content
+        return _utf8(content, where)
     if isinstance(content, list):
         parts = []
         for part in content:
@@ -139,8 +168,8 @@ def _text_content(content: Any, where: str) -> str:
                 or not isinstance(part.get("text"), str)
             ):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise bad(where, f"only text content is supported, not {kind!r}")
-            parts.append(part["text"])
+                raise bad(where, f"only text content is supported, not {shown(kind)}")
+            parts.append(_utf8(part["text"], where))
         return "".join(parts)
     if content is None:
         return ""
@@ -162,7 +191,7 @@ def _common(
     if not isinstance(include_usage, bool):
         raise bad("stream_options", "'include_usage' must be a boolean")
     try:
-        stops = validate_stops(body.get("stop"))
+        stops = [_utf8(stop, "stop") for stop in validate_stops(body.get("stop"))]
     except ValueError as e:
         raise bad("stop", str(e)) from None
     logprobs, top = body.get("logprobs"), 0
@@ -221,15 +250,21 @@ def parse_chat(body: Any, render: Render, n_ctx: int, n_slots: int) -> Generatio
         if role == "tool" or m.get("tool_calls") or m.get("function_call"):
             raise bad(where, "tool messages are not supported")
         if role not in CHAT_ROLES:
-            raise bad(f"{where}.role", f"unknown role {role!r}")
+            raise bad(f"{where}.role", f"unknown role {shown(role)}")
         clean.append(
             {
                 "role": "system" if role == "developer" else role,
                 "content": _text_content(m.get("content"), f"{where}.content"),
             }
         )
-    prompt = render(clean, thinking(body))
-    return _common(body, "chat", prompt, n_ctx, n_slots, clean)
+    think = thinking(body)
+    try:
+        prompt = render(clean, think)
+    except ColibriError as e:  # the template's raise_exception: these messages are not its shape
+        raise bad("messages", str(e)) from None
+    gen = _common(body, "chat", prompt, n_ctx, n_slots, clean)
+    gen.enable_thinking = think
+    return gen
 
 
 def parse_completion(body: Any, n_ctx: int, n_slots: int) -> Generation:
@@ -244,15 +279,49 @@ def parse_completion(body: Any, n_ctx: int, n_slots: int) -> Generation:
         raise bad("prompt", "'prompt' must be a string (one prompt per request)")
     if not prompt:
         raise bad("prompt", "'prompt' must not be empty")
+    _utf8(prompt, "prompt")
     thinking(body)
     return _common(body, "completion", prompt, n_ctx, n_slots)
 
 
+def _parse_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise bad("", f"the request body holds an integer of {len(digits.lstrip('-'))} digits; "
+                      f"no field takes more than {MAX_INT_DIGITS}")
+    return int(digits)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise bad("", f"the request body is not valid JSON: {name} is not a JSON number")
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` deep; iterative, so any depth is safe to ask."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
 def parse_json(raw: bytes) -> Any:
-    """A request body as JSON; a 400 naming what is wrong with it."""
+    """A request body as JSON; a 400 naming what is wrong with it. Strict JSON (no NaN or
+    Infinity), integers of at most MAX_INT_DIGITS digits, nesting at most MAX_JSON_DEPTH deep."""
+    too_deep = bad("", f"the request body is nested too deep (more than {MAX_JSON_DEPTH} levels)")
     try:
-        return json.loads(raw.decode("utf-8"))
+        parse_int = _parse_int if _LONG_DIGITS.search(raw) else None
+        body = json.loads(raw.decode("utf-8"), parse_int=parse_int, parse_constant=_refuse_constant)
     except UnicodeDecodeError:
         raise bad("", "the request body is not UTF-8") from None
     except json.JSONDecodeError as e:
         raise bad("", f"the request body is not valid JSON: {e.msg} at {e.pos}") from None
+    except RecursionError:  # json's parser recurses per level: far past MAX_JSON_DEPTH anyway
+        raise too_deep from None
+    # Fewer brackets than the limit (counted in strings too) cannot nest past it: no walk needed.
+    brackets = raw.count(b"[") + raw.count(b"{")
+    if brackets > MAX_JSON_DEPTH and _nested_deeper_than(body, MAX_JSON_DEPTH):
+        raise too_deep
+    return body

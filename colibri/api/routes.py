@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import trio
 from quart import Blueprint, Response, current_app, request
 
 from colibri import __version__
@@ -58,18 +59,25 @@ async def model(model: str) -> dict[str, Any] | Response:
 @blueprint.get("/health")
 async def health() -> Response:
     """200 when generations are served, 503 (with the reason) while the engine is down or draining:
-    what a load balancer's health check needs."""
+    what a load balancer's health check needs. "degraded" (still 200: answers are served) while
+    the engine's most recent save of a KV slot failed: restarts would lose turns."""
     state = server_state()
     ok = state.engine.ready and not state.draining
+    persist = state.engine.persist
+    status = "ok" if ok else ("draining" if state.draining else "unavailable")
+    reason = "draining" if state.draining else state.engine.reason
+    if ok and persist.last_failed:
+        status, reason = "degraded", "the last turn's KV slot was not persisted; see the engine's log"
     body = {
-        "status": "ok" if ok else ("draining" if state.draining else "unavailable"),
-        "reason": "draining" if state.draining else state.engine.reason,
+        "status": status,
+        "reason": reason,
         "model": state.model_id,
         "version": __version__,
         "active": state.admission.active,
         "queued": state.admission.queued,
         "slots": state.n_slots,
         "engine_restarts": state.engine.restarts,
+        "persist_failures": persist.failures,
         **state.counters,
     }
     return json_response(body, 200 if ok else 503)
@@ -126,8 +134,15 @@ async def _parse(state: ServerState, kind: str) -> Generation:
         raise openai_errors.engine_not_ready(state.engine.reason)
     body = parse_json(await request.get_data(cache=False))
     if kind == "chat":
-        return parse_chat(body, state.render, state.n_ctx, state.n_slots)
-    return parse_completion(body, state.n_ctx, state.n_slots)
+        gen = parse_chat(body, state.render, state.n_ctx, state.n_slots)
+    else:
+        gen = parse_completion(body, state.n_ctx, state.n_slots)
+    if state.encode is not None:  # off the event loop: a prompt may be megabytes of text
+        gen.prompt_ids = tuple(await trio.to_thread.run_sync(state.encode, gen))
+        if len(gen.prompt_ids) > state.n_ctx:
+            where = "messages" if kind == "chat" else "prompt"
+            raise openai_errors.context_length_exceeded(len(gen.prompt_ids), state.n_ctx, where)
+    return gen
 
 
 async def _generate(kind: str) -> Response:

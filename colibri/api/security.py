@@ -1,4 +1,5 @@
-"""The HTTP server's guards: API key, bind policy, Host header (DNS rebinding) and CORS.
+"""The HTTP server's guards: API key, bind policy, Host header (DNS rebinding), CORS, the Origin
+and Content-Type rules that keep foreign web pages out, and HTTP/1.1 framing.
 
 Pure functions of configuration and header values, so each rule is testable without a server.
 Header strings are as the ASGI stack hands them over: decoded as latin-1.
@@ -30,6 +31,12 @@ CORS_EXPOSE = "x-colibri-queue-wait-ms"  # so the web UI can show queue wait
 CORS_MAX_AGE_S = 600
 # Bound the preflight answer: a real client requests a handful (the OpenAI SDK ~10 x-stainless-*).
 MAX_REQUESTED_HEADERS = 32
+
+# A POST body must say it is JSON: a cross-origin page can send text/plain, form or multipart
+# bodies without a CORS preflight, but not application/json.
+JSON_MEDIA_TYPE = "application/json"
+# The ports an Origin without one means, for the schemes whose pages may be the server's own.
+DEFAULT_PORTS = {"http": 80, "https": 443}
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")  # an RFC 9110 header name, length-bounded
 _ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/?#\s]+")  # scheme://host[:port], no path
@@ -245,3 +252,49 @@ class CorsPolicy:
         headers["Access-Control-Allow-Headers"] = ", ".join(allow)
         headers["Access-Control-Max-Age"] = str(CORS_MAX_AGE_S)
         return headers
+
+
+# --- Origin and Content-Type: what a foreign page can make a browser send -------------------------
+
+
+def same_origin(origin: str, host_header: str | None) -> bool:
+    """Whether ``origin`` is the server's own: an http(s) origin whose host:port is the Host header
+    (which HostGuard has vetted). The web console at / posts with this origin."""
+    if host_header is None:
+        return False
+    normalized = _normalize_origin(origin)
+    if not _ORIGIN.fullmatch(normalized):
+        return False
+    scheme, _, authority = normalized.partition("://")
+    mine, theirs = split_host(host_header), split_host(authority)
+    if scheme not in DEFAULT_PORTS or mine is None or theirs is None:
+        return False
+    default = DEFAULT_PORTS[scheme]
+    return (theirs[0], theirs[1] or default) == (mine[0], mine[1] or default)
+
+
+def origin_allowed(origin: str | None, host_header: str | None, cors: CorsPolicy) -> bool:
+    """No Origin (not a browser's cross-origin call), a CORS origin, or the server's own origin.
+
+    Anything else is a page of another site: refused before any work, whatever the method, since
+    a browser sends a "simple" request without asking first and only hides the answer from it.
+    """
+    return origin is None or cors.allows(origin) or same_origin(origin, host_header)
+
+
+def is_json_content_type(value: str | None) -> bool:
+    """``application/json``, any case, with or without parameters (``; charset=utf-8``)."""
+    if not value:
+        return False
+    return value.split(";", 1)[0].strip().lower() == JSON_MEDIA_TYPE
+
+
+# --- HTTP/1.1 framing --------------------------------------------------------------------------------
+
+
+def ambiguous_framing_headers(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Both Content-Length and Transfer-Encoding (raw ASGI headers): RFC 9112 6.3 says a server
+    may answer such a request but must close the connection after it, since a proxy in front may
+    have framed the body the other way and the rest of it would be read as a smuggled request."""
+    names = {name.lower() for name, _ in headers}
+    return b"content-length" in names and b"transfer-encoding" in names

@@ -15,7 +15,7 @@ from pathlib import Path
 from colibri.api.admission import Admission
 from colibri.api.engine_client import EngineClient
 from colibri.api.metrics import Registry, ServerMetrics, server_metrics
-from colibri.api.openai_requests import Render
+from colibri.api.openai_requests import Generation, Render
 from colibri.api.security import CorsPolicy, HostGuard
 
 EXTENSION = "colibri"  # the key of the state in ``app.extensions``
@@ -37,6 +37,9 @@ class ServerState:
     host_guard: HostGuard
     cors: CorsPolicy
     web_dist: Path | None
+    # A request's prompt as token ids, by the trust rule (``ModelText.encode_chat``/``encode_text``);
+    # None: the engine tokenizes the rendered text (a unit test's scripted engine).
+    encode: Callable[[Generation], list[int]] | None = None
     draining: bool = False  # SIGTERM came: new generations get 503 while those in flight finish
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     created: int = field(default_factory=lambda: int(time.time()))  # the model card's date
@@ -45,3 +48,5 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.registry, self.metrics = server_metrics()
+        if isinstance(self.engine, EngineClient):  # the engine sees the DONEs; /metrics counts them
+            self.engine.persist.on_failure = self.metrics.persist_failures.inc

@@ -33,6 +33,9 @@ class Submit:
     top_p: float
     prompt: str
     seed: int | None = None  # colibri's optional 7th field: reproducible sampling
+    # SUBMIT_IDS: the prompt as token ids (``prompt`` is then empty). The server sends these: it
+    # tokenized the template's markup with control tokens and the client's text without.
+    prompt_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,10 @@ class Done:
     rss_gb: float
     prompt_tokens: int
     length_limited: bool
+    # Colibri's trailing field: the slot file was written (fsynced, renamed) before this DONE (True),
+    # or not (False: no state directory, or the save failed). None: the engine did not say (a DONE
+    # of the spec's eight fields), so nothing is known either way.
+    saved: bool | None = None
 
 
 @dataclass(frozen=True)

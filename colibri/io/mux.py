@@ -59,9 +59,14 @@ READY_LINE = b"\x01\x01READY\x01\x01"
 # A request header is a verb and at most seven numbers: 256 bytes is generous; more is a broken
 # peer, and the engine never buffers more of one line than this.
 MAX_LINE = 256
-# Largest SUBMIT payload: a rendered prompt. 16 MiB is far past any context the engine serves
-# (~4 bytes per token) and bounds what a peer can make the engine buffer.
+# Largest SUBMIT payload a reader accepts unless told its context (``payload_limit``): 16 MiB is far
+# past any context the engine serves and bounds what a peer can make the engine buffer.
 MAX_PAYLOAD = 16 << 20
+# A refused payload up to this size is skipped (dropped as it arrives, never buffered), so the
+# stream stays in step: a few times MAX_PAYLOAD, under a second of a pipe. A larger count is no
+# prompt at all: waiting for that many bytes would stall the stream for good (a count of 10^12), so
+# the reader answers BAD_REQUEST and reads what follows as lines, as after a count that lied.
+MAX_SKIP = 4 * MAX_PAYLOAD
 # Largest response line the server-side reader buffers (EMAP of a big MoE: a few hundred KB hex).
 MAX_RESPONSE_LINE = 8 << 20
 # Ids are the C engine's u64; 0 is reserved (ERROR 0 answers a request whose id was unreadable).
@@ -94,15 +99,24 @@ def _float(text: bytes) -> float:
     return value
 
 
-class RequestReader:
-    """Engine side: bytes from the server -> requests."""
+def payload_limit(n_ctx: int, bytes_per_token: int) -> int:
+    """The largest SUBMIT payload that can fit a context of ``n_ctx`` tokens, where no token stands
+    for more than ``bytes_per_token`` bytes (of text, or of a SUBMIT_IDS id and its comma): a larger
+    one cannot fit, and is refused before it is read into memory or tokenized."""
+    return min(n_ctx * bytes_per_token, MAX_PAYLOAD)
 
-    def __init__(self) -> None:
+
+class RequestReader:
+    """Engine side: bytes from the server -> requests. ``max_payload``: the largest payload accepted
+    (the engine passes ``payload_limit`` of its context)."""
+
+    def __init__(self, max_payload: int = MAX_PAYLOAD) -> None:
         # The header kept until its payload arrives: a Submit with an empty prompt, or None for a
         # rejected header whose payload is still read, so its framing is checked and the stream
         # stays in step.
         self._frames: FrameReader[Submit | None] = FrameReader(MAX_LINE)
         self._eof = False
+        self.max_payload = max_payload
 
     def receive_data(self, data: bytes) -> list[Submit | Cancel | ProtocolError | EndOfInput]:
         """Feed bytes (``b""`` means end of input) and return the complete events."""
@@ -132,6 +146,11 @@ class RequestReader:
                 return self._header(line)
             case Payload(header=None):
                 return None  # the header was answered already
+            case Payload(header=header, data=payload) if header.prompt_ids is not None:
+                ids = _token_ids(payload)
+                if ids is None:
+                    return ProtocolError(header.id, ErrorCode.BAD_REQUEST, "SUBMIT_IDS payload is not ids")
+                return replace(header, prompt_ids=ids)
             case Payload(header=header, data=payload):
                 try:
                     return replace(header, prompt=payload.decode("utf-8"))
@@ -151,7 +170,7 @@ class RequestReader:
         verb = fields[0]
         if verb == b"CANCEL":
             return _cancel(fields)
-        if verb != b"SUBMIT":
+        if verb not in (b"SUBMIT", b"SUBMIT_IDS"):
             return ProtocolError(0, ErrorCode.BAD_REQUEST, f"unknown verb {verb[:32]!r}")
         if len(fields) not in (7, 8):
             return ProtocolError(0, ErrorCode.BAD_REQUEST, "SUBMIT takes six fields (seven with a seed)")
@@ -163,9 +182,10 @@ class RequestReader:
             n = _uint(fields[3], MAX_ID)
         except ValueError:  # where the payload ends is unknown: its lines are read as lines
             return ProtocolError(rid, ErrorCode.BAD_REQUEST, "byte count is not a number")
-        if n > MAX_PAYLOAD:
-            self._frames.skip_payload(n)
-            return ProtocolError(rid, ErrorCode.BAD_REQUEST, f"payload over {MAX_PAYLOAD} bytes")
+        if n > self.max_payload:
+            if n <= MAX_SKIP:
+                self._frames.skip_payload(n)
+            return ProtocolError(rid, ErrorCode.BAD_REQUEST, f"payload over {self.max_payload} bytes")
         try:
             if rid == 0:
                 raise ValueError("id 0")
@@ -178,8 +198,17 @@ class RequestReader:
         except ValueError:
             self._frames.expect_payload(n, None)
             return ProtocolError(rid, ErrorCode.BAD_REQUEST, "bad SUBMIT field")
-        self._frames.expect_payload(n, Submit(rid, slot, max_tokens, temperature, top_p, "", seed))
+        ids = () if verb == b"SUBMIT_IDS" else None
+        self._frames.expect_payload(n, Submit(rid, slot, max_tokens, temperature, top_p, "", seed, ids))
         return None
+
+
+def _token_ids(payload: bytes) -> tuple[int, ...] | None:
+    """SUBMIT_IDS' payload: decimal token ids separated by commas, at least one; None if not."""
+    parts = payload.split(b",")
+    if not all(p.isdigit() and len(p) <= U64_DIGITS for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
 
 
 def _cancel(fields: list[bytes]) -> Cancel | ProtocolError:
@@ -199,9 +228,12 @@ def encode_request(event: Submit | Cancel) -> bytes:
     """Server side: a request's bytes. Floats are written with ``repr`` so the engine samples with
     exactly the temperature and top_p the client asked for."""
     if isinstance(event, Submit):
-        payload = event.prompt.encode("utf-8")
+        if event.prompt_ids is not None:
+            verb, payload = "SUBMIT_IDS", ",".join(map(str, event.prompt_ids)).encode()
+        else:
+            verb, payload = "SUBMIT", event.prompt.encode("utf-8")
         seed = "" if event.seed is None else f" {event.seed}"
-        head = (f"SUBMIT {event.id} {event.slot} {len(payload)} {event.max_tokens} "
+        head = (f"{verb} {event.id} {event.slot} {len(payload)} {event.max_tokens} "
                 f"{event.temperature!r} {event.top_p!r}{seed}\n")
         return head.encode() + payload + b"\n"
     return f"CANCEL {event.id}\n".encode()
@@ -226,8 +258,9 @@ def encode_response(event: Response) -> bytes:
             return f"TOPK {rid} {len(cands)} {parts}\n".encode()
         case Done():
             e = event
+            saved = "" if e.saved is None else f" {int(e.saved)}"  # unknown: the spec's eight fields
             return (f"DONE {e.id} STAT {e.emitted} {e.tok_s:.2f} {e.hit_pct:.1f} {e.rss_gb:.2f} "
-                    f"{e.prompt_tokens} {int(e.length_limited)}\n").encode()
+                    f"{e.prompt_tokens} {int(e.length_limited)}{saved}\n").encode()
         case Error(id=rid, code=code, args=args):
             return " ".join(["ERROR", str(rid), str(code), *map(str, args)]).encode() + b"\n"
         case HwInfo():
@@ -255,6 +288,16 @@ def encode_response(event: Response) -> bytes:
             parts = [f"{g.used_gb:.2f} {g.total_gb:.2f} {g.experts}" for g in gpus]
             return " ".join(["GPUS", str(len(gpus)), *parts]).encode() + b"\n"
     raise TypeError(f"not a mux response: {event!r}")
+
+
+def _saved(field: list[str]) -> bool | None:
+    """DONE's ninth field, ours: absent (an engine of the spec's eight fields) is unknown, None; a
+    persistence report must not be guessed either way. Anything but 0 or 1 is a malformed line."""
+    if not field:
+        return None
+    if field[0] not in ("0", "1"):
+        raise ValueError("DONE's saved field is not 0 or 1")
+    return field[0] == "1"
 
 
 class ResponseReader:
@@ -299,7 +342,8 @@ class ResponseReader:
             self._frames.expect_payload(n, rid)
             return None
         if kind == "DONE":
-            return Done(int(f[1]), int(f[3]), float(f[4]), float(f[5]), float(f[6]), int(f[7]), f[8] == "1")
+            return Done(int(f[1]), int(f[3]), float(f[4]), float(f[5]), float(f[6]), int(f[7]), f[8] == "1",
+                        _saved(f[9:10]))
         if kind == "STAT":
             return Stat(float(f[4]))
         if kind == "ERROR":

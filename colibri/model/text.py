@@ -2,17 +2,30 @@
 
 The HTTP server renders prompts and counts tokens with it in its own process, where loading the
 weights (and numba) would cost memory and start-up for nothing; the engine's ``Model`` uses it too.
+
+The trust rule: text from a client is data. ``encode_chat`` renders the template with a sentinel in
+place of each message's content, so it knows which spans of the prompt are the template's markup
+(tokenized with special tokens recognised) and which are client text (tokenized as plain text:
+``<|im_end|>`` typed by a user is ten characters, never the end of a turn). A boundary between
+markup and client text is also a token boundary.
 """
 
 from __future__ import annotations
 
+import re
+import uuid
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from colibri.model.chat import ChatTemplate
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.gguf import GGUFFile
+
+
+class Segment(NamedTuple):
+    text: str
+    markup: bool  # the template's own text (special tokens recognised), else a client's (plain)
 
 
 class ModelText:
@@ -51,3 +64,30 @@ class ModelText:
     def count_tokens(self, prompt: str) -> int:
         """Tokens of a rendered prompt, as the engine will count them (special tokens parsed)."""
         return len(self.tokenizer.encode(prompt, special=True))
+
+    def render_segments(self, messages: list[dict[str, Any]], enable_thinking: bool = False) -> list[Segment]:
+        """The prompt for ``messages`` as markup and client-text spans, in order. A template that
+        transforms a message's content (strips part of it, say) sees the sentinel instead: the
+        content then goes in whole, as data, where the sentinel came out."""
+        nonce = uuid.uuid4().hex
+        sentinel = re.compile(f"\x00{nonce}:([0-9]+)\x00")
+        masked = [{**m, "content": f"\x00{nonce}:{i}\x00"} for i, m in enumerate(messages)]
+        rendered = self.render(masked, enable_thinking)
+        segments, at = [], 0
+        for match in sentinel.finditer(rendered):
+            segments.append(Segment(rendered[at : match.start()], True))
+            segments.append(Segment(str(messages[int(match.group(1))]["content"]), False))
+            at = match.end()
+        segments.append(Segment(rendered[at:], True))
+        return [seg for seg in segments if seg.text]
+
+    def encode_chat(self, messages: list[dict[str, Any]], enable_thinking: bool = False) -> list[int]:
+        """Token ids of the chat prompt: the template's markup may hold control tokens, the
+        messages' content never does."""
+        tok = self.tokenizer
+        return [t for seg in self.render_segments(messages, enable_thinking)
+                for t in tok.encode(seg.text, special=seg.markup)]
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of a client's raw text (``/v1/completions``): data, no control tokens."""
+        return self.tokenizer.encode(text, special=False)

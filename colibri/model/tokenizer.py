@@ -97,6 +97,12 @@ class GGUFTokenizer:
             else:
                 self._bytes.append(bytes(u2b.get(c, 0x3F) for c in tok))
         self.stop_ids = frozenset(i for i in (self.eos_id, self.eot_id) if i is not None)
+        # The most bytes of text one token stands for (a control token: its own text): a text of
+        # B bytes is at least B / max_token_bytes tokens, which bounds what a prompt can weigh.
+        self.max_token_bytes = max(
+            len(tok.encode()) if ty in kept_whole else len(b)
+            for tok, ty, b in zip(tokens, types, self._bytes, strict=True)
+        )
 
     @property
     def n_vocab(self) -> int:

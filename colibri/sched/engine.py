@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import trio
 
+from colibri.io import mux
 from colibri.io.events import TOPK_CANDIDATES, Data, Error, ErrorCode, Hits, Submit, TopK
 from colibri.model.interface import EngineModel
 from colibri.model.sampling import REPETITION_WINDOW, Sampler, SamplingParams, top_candidates
@@ -78,11 +79,12 @@ class Engine:
             heat = persist.load_usage(self.state_dir, self.model_fp, self.experts.heat.shape)
             self.experts.pin_hottest(heat)
 
-    async def persist_slot(self, slot: Slot) -> None:
-        """Write the slot's file. A failure (disk full, permissions) is a warning: the previous
-        file stays intact and the engine goes on serving from memory."""
+    async def persist_slot(self, slot: Slot) -> bool:
+        """Write the slot's file; whether it was written (DONE says so: a restart sees the turn only
+        then). A failure (disk full, permissions) is a warning, not an error: the previous file
+        stays intact and the engine goes on serving from memory. False with no state directory."""
         if self.state_dir is None:
-            return
+            return False
         history = list(slot.history)
         try:
             await trio.to_thread.run_sync(
@@ -91,6 +93,8 @@ class Engine:
             )
         except OSError as e:
             warn(f"slot {slot.index} not persisted: {e}")
+            return False
+        return True
 
     async def save_usage(self) -> None:
         """``.coli_usage``; one writer at a time (turns end concurrently, the temp file is shared)."""
@@ -114,9 +118,19 @@ class Engine:
             return Error(sub.id, ErrorCode.BAD_REQUEST)
         if self.slots[sub.slot].owner is not None:
             return Error(sub.id, ErrorCode.SLOT_BUSY)
-        if not sub.prompt:
+        if sub.prompt_ids is not None:
+            if any(t >= self.model.hp.n_vocab for t in sub.prompt_ids):
+                return Error(sub.id, ErrorCode.BAD_REQUEST)
+        elif not sub.prompt:
             return Error(sub.id, ErrorCode.EMPTY_PROMPT)
         return None
+
+    @property
+    def max_payload(self) -> int:
+        """The largest SUBMIT payload that can fit the context: no token is more than the
+        vocabulary's longest token in text, nor more than its largest id and a comma as an id."""
+        per_token = max(self.tokenizer.max_token_bytes, len(str(self.model.hp.n_vocab)) + 1)
+        return mux.payload_limit(self.n_ctx, per_token)
 
     def start(self, sub: Submit, nursery: trio.Nursery, sampling: SamplingParams | None = None,
               emit: Emit | None = None) -> Request:
@@ -163,8 +177,13 @@ class Engine:
                 self.idle.set()
 
     async def _admit(self, req: Request) -> bool:
-        """Tokenize (off the event loop: a prompt may be megabytes), check, reuse the slot's prefix."""
-        prompt = await trio.to_thread.run_sync(self.tokenizer.encode, req.submit.prompt, True)
+        """Tokenize (off the event loop: a prompt may be megabytes), check, reuse the slot's prefix.
+        A SUBMIT's text is the host's rendered prompt: its control-token text is parsed (the host
+        owns the template); the HTTP server sends SUBMIT_IDS, tokenized by the trust rule."""
+        if req.submit.prompt_ids is not None:
+            prompt = list(req.submit.prompt_ids)
+        else:
+            prompt = await trio.to_thread.run_sync(self.tokenizer.encode, req.submit.prompt, True)
         if not prompt:
             await req.emit(Error(req.id, ErrorCode.EMPTY_PROMPT))
             return False
@@ -195,18 +214,19 @@ class Engine:
             self.active.remove(req)
 
     async def _finish(self, req: Request) -> None:
-        """Turn end: the detokenizer's tail, persistence, the telemetry block, DONE."""
+        """Turn end: the detokenizer's tail, persistence, the telemetry block, DONE (which says
+        whether the slot was saved)."""
         tail = req.detokenizer.flush().encode()
         if tail:
             await req.emit(Data(req.id, tail))
-        await self.persist_slot(req.slot)
+        saved = await self.persist_slot(req.slot)
         await self.save_usage()  # routing heat, at every turn end (empty for a dense model)
         if self.experts is None:
             maps, counters = telemetry.expert_events(None, hits=True), None
         else:
             async with self.step_lock:  # the forward thread changes the store's tiers during a step
                 maps, counters = telemetry.expert_events(self.experts, hits=True), self.experts.counters()
-        for event in telemetry.turn_end_events(req, counters, maps):
+        for event in telemetry.turn_end_events(req, counters, maps, saved):
             await req.emit(event)
 
     def expert_telemetry(self, hits: bool) -> list[object]:

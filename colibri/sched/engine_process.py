@@ -105,7 +105,7 @@ async def _on_sigterm(reading: trio.CancelScope) -> None:
 
 
 async def _read_mux(stdin: trio.lowlevel.FdStream, engine: Engine, emit: Emit, work: trio.Nursery) -> None:
-    reader = mux.RequestReader()
+    reader = mux.RequestReader(max_payload=engine.max_payload)
     while True:
         data = await stdin.receive_some(READ_SIZE)
         for event in reader.receive_data(data):

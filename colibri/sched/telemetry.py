@@ -48,10 +48,12 @@ def expert_events(experts: ExpertTelemetry | None, hits: bool) -> list[object]:
     return events
 
 
-def turn_end_events(req: Request, counters: StoreCounters | None, maps: list[object]) -> list[object]:
+def turn_end_events(req: Request, counters: StoreCounters | None, maps: list[object],
+                    saved: bool) -> list[object]:
     """What ends a turn, in the protocol's order: HWINFO, PERF, ENTROPY, GPUS, the expert maps, DONE.
     The expert store serves every slot at once, so a turn's hit rate and times are the store's
-    over the turn's span (``counters`` now against those when it was admitted)."""
+    over the turn's span (``counters`` now against those when it was admitted). ``saved``: the
+    slot file was written before this DONE (DONE must not claim durability it does not have)."""
     now = time.perf_counter()
     gen_s = now - req.t_first if req.t_first else 0.0
     tok_s = (req.emitted - 1) / gen_s if req.emitted > 1 and gen_s > 0 else 0.0
@@ -63,5 +65,5 @@ def turn_end_events(req: Request, counters: StoreCounters | None, maps: list[obj
         t_edisk, t_emm = c1.t_disk - c0.t_disk, c1.t_compute - c0.t_compute
     perf = Perf(req.id, now - req.t_start, t_edisk=t_edisk, t_emm=t_emm, t_kvb=req.t_prefill,
                 reused_tokens=req.reused, prefilled_tokens=len(req.prompt) - req.reused)
-    done = Done(req.id, req.emitted, tok_s, hit_pct, rss_gb(), len(req.prompt), req.length_limited)
+    done = Done(req.id, req.emitted, tok_s, hit_pct, rss_gb(), len(req.prompt), req.length_limited, saved)
     return [hwinfo(), perf, Entropy(), Gpus(), *maps, done]
