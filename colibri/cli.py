@@ -104,7 +104,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _stop_ids(model) -> frozenset[int]:
-    """End-of-turn ids, from the metadata alone (``--prompt-ids`` runs need no vocabulary)."""
+    """The tokenizer's end-of-generation ids; from the metadata alone for a file without a
+    vocabulary (``--prompt-ids`` runs need none)."""
+    if model.gguf.get("tokenizer.ggml.tokens"):
+        return model.tokenizer.stop_ids
     ids = (model.gguf.get("tokenizer.ggml.eos_token_id"), model.gguf.get("tokenizer.ggml.eot_token_id"))
     return frozenset(i for i in ids if i is not None)
 

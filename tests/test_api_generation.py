@@ -147,8 +147,9 @@ async def test_sse_frames_in_order_then_slot_released() -> None:
     assert all(f.startswith(b"data: ") and f.endswith(b"\n\n") for f in frames)
     assert frames[-1] == b"data: [DONE]\n\n"
     kinds = [f.split(b'"choices": ', 1)[1][:2] for f in frames[:-1]]
-    assert kinds == [b"[{", b"[{", b"[{", b"[]", b"[]"]  # role, text, finish; usage, colibri
-    assert b'"usage": {"prompt_tokens"' in frames[-3] and b'"colibri": {"slot"' in frames[-2]
+    assert kinds == [b"[{", b"[{", b"[{", b"[]"]  # role, text, finish (+ colibri); usage (+ colibri)
+    assert b'"finish_reason": "length"' in frames[-3] and b'"colibri": {"slot"' in frames[-3]
+    assert b'"usage": {"prompt_tokens"' in frames[-2] and b'"colibri": {"slot"' in frames[-2]
     assert state.admission.active == 0 and state.counters["completed"] == 1
 
 

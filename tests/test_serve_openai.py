@@ -107,13 +107,13 @@ def test_chat_stream_equals_json(client, server, chat_ref):
     with_usage = [c for c in chunks if c.usage is not None]
     assert len(with_usage) == 1 and with_usage[0].choices == []
     assert with_usage[0].usage.to_dict() == chat_ref.usage.to_dict()
-    # After the usage chunk only the colibri stats frame (choices == [], no usage) may follow.
-    after = chunks[chunks.index(with_usage[0]) + 1 :]
-    assert all(c.choices == [] and c.usage is None for c in after)
+    # OpenAI's contract: the usage chunk is the last one, and the only one without a choice.
+    assert chunks[-1] is with_usage[0]
+    assert all(c.choices for c in chunks[:-1])
     assert chunks[0].choices[0].delta.role == "assistant"
 
 
-def test_raw_sse_ends_with_stats_frame_then_done(http):
+def test_raw_sse_ends_with_finish_and_stats_then_done(http):
     body = {"messages": user(CHAT_Q), "max_tokens": 4, "temperature": 0, "stream": True}
     with http.stream("POST", "/v1/chat/completions", json=body) as r:
         assert r.status_code == 200
@@ -122,10 +122,10 @@ def test_raw_sse_ends_with_stats_frame_then_done(http):
         events = read_sse(r)
     assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
     frames = [json.loads(e) for e in events[:-1]]
-    stats = frames[-1]
-    assert stats["choices"] == [] and "colibri" in stats
-    assert stats["colibri"]["stats"]["emitted"] == 4
-    assert frames[-2]["choices"][0]["finish_reason"] == "length"
+    last = frames[-1]  # no include_usage: the finish chunk, carrying colibri's stats
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert last["colibri"]["stats"]["emitted"] == 4
+    assert all(f["choices"] for f in frames)
     assert all("error" not in f for f in frames)
 
 

@@ -111,11 +111,11 @@ async def _frames(state: ServerState, gen: Generation, lease: SlotLease) -> Asyn
             if piece.text or piece.tokens:
                 yield sse(env.chunk(text=piece.text, logprobs=logprobs(gen, piece.tokens, offset)))
                 offset += len(piece.text)
-        yield sse(env.finish_chunk(run.finish))
+        stats = run.stats()
         use = usage(*run.record_usage())
+        yield sse(env.finish_chunk(run.finish, stats))
         if gen.include_usage:
-            yield sse(env.closing_chunk(usage=use))
-        yield sse(env.closing_chunk(colibri=run.stats()))
+            yield sse(env.usage_chunk(use, stats))  # the last chunk: nothing may follow it
         yield SSE_DONE
         state.counters["completed"] += 1
     except GenerationFailed as e:  # after the headers: the error travels as a final SSE event

@@ -60,8 +60,15 @@ def model_not_found(model: str) -> ApiError:
 
 
 def context_length_exceeded(used: int, limit: int, param: str) -> ApiError:
+    """OpenAI's own wording, word for word: clients recognise the overflow by it (litellm's
+    ContextWindowExceededError, LangChain's), not only by the code. ``param``: "messages" (chat) or
+    "prompt" (legacy completions), the thing the client is told to shorten."""
     return ApiError(
-        400, f"the prompt has {used} tokens, the context {limit}", param, code="context_length_exceeded"
+        400,
+        f"This model's maximum context length is {limit} tokens. However, your {param} resulted in "
+        f"{used} tokens. Please reduce the length of the {param}.",
+        param,
+        code="context_length_exceeded",
     )
 
 

@@ -1,8 +1,11 @@
 """OpenAI request bodies -> a ``Generation`` (the prompt and the sampling parameters), without I/O.
 
 A body that cannot be served becomes an ``ApiError`` naming the offending field. Every field the
-server does not serve is refused by name: nothing is silently ignored except fields with no effect
-on the output (``user``, ``metadata``, ``store``, and the penalties at their neutral 0).
+server does not serve is refused by name: nothing is silently ignored except what has no effect on
+the output: a field at null or at its default (``n: 1``, ``response_format: {"type": "text"}``,
+``tools: []``...), as proxies and SDKs send them, and metadata (``user``, ``metadata``,
+``prompt_cache_key``...). Of several refused fields the one the client needs is named: ``tools``
+before ``parallel_tool_calls``, which only modifies it.
 """
 
 from __future__ import annotations
@@ -41,18 +44,34 @@ _LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
 # ``render(messages, enable_thinking) -> prompt``: the model's chat template.
 Render = Callable[[list[dict[str, str]], bool], str]
 
-# Fields accepted when they change nothing: their neutral value or any value.
-_NEUTRAL = {
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "n": 1,
-    "best_of": 1,
-    "echo": False,
-    "parallel_tool_calls": None,
-    "logit_bias": None,
-    "suffix": None,
+# Fields not served, accepted at null or at a value equal to their default (as if absent).
+_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "n": (1,),
+    "best_of": (1,),
+    "echo": (False,),
+    "suffix": ("",),
+    "logit_bias": ({},),
+    "response_format": ({"type": "text"},),
+    "modalities": (["text"],),
+    "prediction": (),
+    "verbosity": ("medium",),
+    "tools": ([],),
+    "functions": ([],),
+    # With no tools (tools are refused before these are looked at), "none" and "auto" are the same.
+    "tool_choice": ("none", "auto"),
+    "function_call": ("none", "auto"),
+    # It only modifies tools: without them, either value is the default.
+    "parallel_tool_calls": (True, False),
 }
-_HARMLESS = {"model", "user", "metadata", "store", "service_tier"}
+# Metadata: any value, no effect on the output.
+_HARMLESS = {
+    "model", "user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",
+}
+# Checked first: the fields a request needs, before those that only modify them (a LangChain
+# ``bind_tools`` request has tools and parallel_tool_calls: false; tools is what it lacks).
+_FIRST = ("tools", "functions", "tool_choice", "function_call", "response_format")
 _COMMON = {
     "max_tokens",
     "temperature",
@@ -67,15 +86,17 @@ _COMMON = {
 }
 # Why a field the server does not serve is refused (others: "'<name>' is not supported").
 _REFUSALS = {
-    "tools": "tools are not supported",
-    "tool_choice": "tools are not supported",
-    "functions": "function calling is not supported",
-    "function_call": "function calling is not supported",
+    "tools": "tools are not supported yet",
+    "tool_choice": "tools are not supported yet (tool_choice may only be 'none' or 'auto', without tools)",
+    "functions": "function calling is not supported yet",
+    "function_call": "function calling is not supported yet",
     "n": "only n=1 is supported",
     "best_of": "only best_of=1 is supported",
-    "response_format": "response_format is not supported",
+    "response_format": "response_format is not supported yet (only {'type': 'text'})",
     "audio": "audio is not supported",
-    "modalities": "only text output is supported",
+    "modalities": "only text output is supported (modalities: ['text'])",
+    "prediction": "predicted outputs are not supported",
+    "verbosity": "only the default verbosity 'medium' is supported",
     "echo": "echo is not supported",
     "suffix": "suffix is not supported",
     "logit_bias": "logit_bias is not supported",
@@ -133,13 +154,19 @@ def _integer(body: dict, name: str, lo: int, hi: int) -> int | None:
     return value
 
 
+def _is_default(value: Any, defaults: tuple[Any, ...]) -> bool:
+    """``value`` is null or equals a default, of the same kind (``true`` is not ``1``)."""
+    return value is None or any(
+        value == d and isinstance(value, bool) == isinstance(d, bool) for d in defaults
+    )
+
+
 def _check_fields(body: dict, allowed: set[str]) -> None:
-    for name, value in body.items():
-        if name in allowed:
+    first = [name for name in _FIRST if name in body]
+    for name in first + [name for name in body if name not in _FIRST]:
+        if name in allowed or name in _HARMLESS:
             continue
-        if name in _NEUTRAL and value == _NEUTRAL[name]:
-            continue
-        if name in ("tools", "tool_choice", "functions", "function_call") and not value:
+        if name in _NEUTRAL and _is_default(body[name], _NEUTRAL[name]):
             continue
         raise bad(name, _REFUSALS.get(name, f"{shown(name)} is not supported"))
 

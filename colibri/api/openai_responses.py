@@ -1,9 +1,10 @@
 """The shapes of OpenAI's successful answers, and SSE framing, without I/O.
 
 ``Envelope`` carries what every object of one answer repeats (id, model, creation time) and builds
-them: the chat or text completion, its stream chunks and the closing chunks that carry the usage
-and colibri's own stats. Clients (the official SDKs among them) parse these by field, so a shape
-lives here once and nowhere else; errors are ``openai_errors``'s.
+them: the chat or text completion, its stream chunks, and the finish and usage chunks that also
+carry colibri's own stats (an extra ``colibri`` key, where no client trips on it). Clients (the
+official SDKs among them) parse these by field, so a shape lives here once and nowhere else; errors
+are ``openai_errors``'s.
 """
 
 from __future__ import annotations
@@ -140,13 +141,19 @@ class Envelope:
     def role_chunk(self) -> dict[str, Any]:
         return self.chunk(role=True, text="")
 
-    def finish_chunk(self, finish: str) -> dict[str, Any]:
-        return self.chunk(finish=finish, text=None if self.gen.kind == "chat" else "")
+    def finish_chunk(self, finish: str, stats: dict[str, Any]) -> dict[str, Any]:
+        """The last chunk with a choice: the finish reason, and colibri's stats as an extra key
+        (clients index ``choices[0]`` of every chunk but OpenAI's usage chunk: no chunk of our own
+        may come without a choice)."""
+        out = self.chunk(finish=finish, text=None if self.gen.kind == "chat" else "")
+        out["colibri"] = stats
+        return out
 
-    def closing_chunk(self, **field: Any) -> dict[str, Any]:
-        """A chunk with no choices that carries one more field: ``usage``, then ``colibri``."""
+    def usage_chunk(self, use: dict[str, int], stats: dict[str, Any]) -> dict[str, Any]:
+        """OpenAI's usage chunk (``include_usage``): no choices, and the last one before [DONE]
+        (the SDK's stream helper keeps the usage of the last chunk); the stats again beside it."""
         return {"id": self.id, "object": self.chunk_object, "created": self.created, "model": self.model,
-                "choices": [], **field}
+                "choices": [], "usage": use, "colibri": stats}
 
     def final(
         self,

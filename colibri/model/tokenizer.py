@@ -15,6 +15,18 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 from colibri.store.gguf import GGUFError, GGUFFile
 
+# Control tokens that end a generation besides the file's eos/eot ids, by their text: the ends of
+# text and of turns llama.cpp's vocabulary loader also treats as end-of-generation, and the markers
+# that open a turn (a model that starts a new turn has ended its own; without these, a reply ran on
+# into "\nuser\n…", the markers themselves rendering as nothing).
+END_OF_GENERATION_TEXTS = frozenset({
+    "<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>",
+    "<end_of_turn>", "<EOT>", "<|return|>", "<|call|>", "<｜end▁of▁sentence｜>",
+})
+TURN_START_TEXTS = frozenset({
+    "<|im_start|>", "<|start_header_id|>", "<start_of_turn>", "<|user|>", "<|assistant|>", "<|system|>",
+})
+
 # llama.cpp token types.
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = range(1, 7)
 
@@ -96,7 +108,10 @@ class GGUFTokenizer:
                 self._bytes.append(tok.encode())
             else:
                 self._bytes.append(bytes(u2b.get(c, 0x3F) for c in tok))
-        self.stop_ids = frozenset(i for i in (self.eos_id, self.eot_id) if i is not None)
+        ends = END_OF_GENERATION_TEXTS | TURN_START_TEXTS
+        marked = (i for i, (tok, ty) in enumerate(zip(tokens, types, strict=True))
+                  if ty in kept_whole and tok in ends)
+        self.stop_ids = frozenset([*(i for i in (self.eos_id, self.eot_id) if i is not None), *marked])
         # The most bytes of text one token stands for (a control token: its own text): a text of
         # B bytes is at least B / max_token_bytes tokens, which bounds what a prompt can weigh.
         self.max_token_bytes = max(
@@ -134,5 +149,8 @@ class StreamDecoder:
         return self._utf8.decode(self._tokenizer.token_bytes(token_id))
 
     def flush(self) -> str:
-        """Whatever is held back, at the end of a stream (an unfinished sequence becomes U+FFFD)."""
-        return self._utf8.decode(b"", final=True)
+        """The end of a stream: an unfinished UTF-8 sequence held back (a generation cut by its
+        token limit mid-character) is dropped, not shown as U+FFFD. Invalid bytes were already
+        replaced as they came; only a valid but incomplete tail is ever held."""
+        self._utf8.reset()
+        return ""
