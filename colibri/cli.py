@@ -16,6 +16,7 @@ import numpy as np
 
 from colibri import __version__, settings
 from colibri.errors import ColibriError, ConfigError
+from colibri.store.gguf import GGUFError
 
 
 def _ids(text: str) -> list[int]:
@@ -106,8 +107,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _stop_ids(model) -> frozenset[int]:
     """The tokenizer's end-of-generation ids; from the metadata alone for a file without a
     vocabulary (``--prompt-ids`` runs need none)."""
-    if model.gguf.get("tokenizer.ggml.tokens"):
+    try:
         return model.tokenizer.stop_ids
+    except GGUFError:  # no vocabulary this tokenizer reads: the ids the metadata names
+        pass
     ids = (model.gguf.get("tokenizer.ggml.eos_token_id"), model.gguf.get("tokenizer.ggml.eot_token_id"))
     return frozenset(i for i in ids if i is not None)
 

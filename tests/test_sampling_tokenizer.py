@@ -149,11 +149,12 @@ def test_stream_holds_back_a_split_emoji(tok: GGUFTokenizer):
     assert not any("\ufffd" in p for p in pieces)
 
 
-def test_flush_of_an_unfinished_character_is_a_replacement(tok: GGUFTokenizer):
+def test_flush_of_an_unfinished_character_drops_it(tok: GGUFTokenizer):
+    """Issue 11: a reply cut mid-character ends before it (it used to end in U+FFFD)."""
     first = tok.encode("🦜")[0]
     dec = tok.stream()
     assert dec.feed(first) == ""
-    assert dec.flush() == "\ufffd"
+    assert dec.flush() == ""
 
 
 def test_special_tokens(tok: GGUFTokenizer):
