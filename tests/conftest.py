@@ -27,3 +27,27 @@ def model(model_path: Path):
 @pytest.fixture(scope="session")
 def golden() -> dict:
     return json.loads((DATA / "golden" / "smollm2-llamacpp.json").read_text())
+
+
+# -- the real server a test module shares: it names its flags as SERVER_ARGS (default: the harness's)
+
+
+@pytest.fixture(scope="module")
+def server(request: pytest.FixtureRequest):
+    from serve_harness import SHARED_SERVER_ARGS, running_server
+
+    with running_server(*getattr(request.module, "SERVER_ARGS", SHARED_SERVER_ARGS)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with server.client() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with server.http() as h:
+        yield h
+

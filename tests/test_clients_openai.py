@@ -15,32 +15,14 @@ import re
 
 import openai
 import pytest
-from serve_harness import read_sse, running_server, user
+from serve_harness import read_sse, user
 
 CTX = 256
-ARGS = ("--web-dist", "/nonexistent/web/dist", "--ctx", str(CTX))
+SERVER_ARGS = ("--web-dist", "/nonexistent/web/dist", "--ctx", str(CTX))
 Q = "Tell me a story about the sea."
 N = 4
 LONG = "lighthouse " * (2 * CTX)  # well over the context in any tokenizer
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_server(*ARGS) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with server.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with server.http() as h:
-        yield h
 
 
 def usage_option(include_usage: bool) -> dict:

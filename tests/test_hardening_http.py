@@ -13,31 +13,17 @@ import time
 
 import pytest
 from serve_harness import (
-    SHARED_SERVER_ARGS,
     UI_ORIGIN,
     error_body,
     parse_response,
     raw_request,
     read_to_close,
-    running_server,
 )
 
 CHAT = "/v1/chat/completions"
 OK_BODY = b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}'
 # Far below the body timeout (30 s): an answer this fast was given without waiting for the body.
 PROMPT_ANSWER_S = 10
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_server(*SHARED_SERVER_ARGS) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with server.http() as h:
-        yield h
 
 
 def post(server, path: str, body: bytes, headers: dict[str, str] | None = None):

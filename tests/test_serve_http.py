@@ -15,14 +15,12 @@ import httpx
 import pytest
 from serve_harness import (
     LONG_Q,
-    SHARED_SERVER_ARGS,
     UI_ORIGIN,
     error_body,
     parse_response,
     raw_get,
     raw_request,
     read_to_close,
-    running_server,
     sse_events,
     user,
     wait_until,
@@ -32,24 +30,6 @@ from colibri.api.app import BODY_TIMEOUT_S, MAX_BODY
 from colibri.api.http_server import KEEP_ALIVE_S
 
 # ------------------------------------------------------------------------------------------ fixtures
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_server(*SHARED_SERVER_ARGS) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with server.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with server.http() as h:
-        yield h
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,7 @@ import json
 import openai
 import pytest
 from serve_harness import (
-    SHARED_SERVER_ARGS,
     read_sse,
-    running_server,
     user,
 )
 
@@ -25,24 +23,6 @@ LEGACY_PROMPT = "Once upon a time"
 
 
 # ------------------------------------------------------------------------------------------ fixtures
-
-
-@pytest.fixture(scope="module")
-def server():
-    with running_server(*SHARED_SERVER_ARGS) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with server.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with server.http() as h:
-        yield h
 
 
 @pytest.fixture(scope="module")
