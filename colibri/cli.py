@@ -179,7 +179,8 @@ def cmd_engine(args: argparse.Namespace) -> int:
     cfg = EngineConfig(
         model_path=settings.model_path(args), n_slots=n_slots, n_ctx=ctx,
         state_dir=None if args.no_persist else settings.state_dir(args), prefill_chunk=chunk,
-        protocol=settings.protocol(args), topk=settings.flag_env("SERVE_TOPK"), max_tokens=args.max_tokens,
+        protocol=settings.protocol(args), topk=settings.flag_env("SERVE_TOPK"),
+        perf=settings.flag_env("SERVE_PERF"), max_tokens=args.max_tokens,
         ram_budget=settings.ram_budget(args),
     )
     return run_engine(cfg)

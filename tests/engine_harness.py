@@ -47,7 +47,9 @@ class EngineProcess:
     async def start(cls, nursery: trio.Nursery, *args: str, env: dict[str, str] | None = None,
                     stderr=None) -> EngineProcess:
         cmd = [sys.executable, "-m", "colibri", "engine", *args]
-        full_env = {**os.environ, **(env or {})}
+        # PERF lines as ``coli serve`` asks for them (the tests read their figures); a test of the
+        # gateway's view passes SERVE_PERF=0.
+        full_env = {**os.environ, "SERVE_PERF": "1", **(env or {})}
         proc = await trio.lowlevel.open_process(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                 stderr=stderr, env=full_env)
         engine = cls(proc)

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from colibri.io.events import (
+    Accept,
     Cancel,
     Data,
     Done,
@@ -27,10 +28,12 @@ from colibri.io.events import (
     Hits,
     HwInfo,
     Perf,
+    Prof,
     ProtocolError,
     Ready,
     Repin,
     Stat,
+    Stop,
     Submit,
     Tiers,
     TopK,
@@ -116,9 +119,11 @@ submits = st.builds(
     top_p=st.floats(min_value=0, max_value=1, exclude_min=True),
     prompt=prompts,
     seed=st.none() | st.integers(0, MAX_ID),
+    grammar=st.none() | st.text(min_size=1),
 )
 cancels = st.builds(Cancel, id=ids)
-requests = st.one_of(submits, cancels)
+stops = st.builds(Stop, id=ids)
+requests = st.one_of(submits, cancels, stops)
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
 nonneg = st.integers(0, 2**63)
@@ -145,6 +150,9 @@ responses = st.one_of(
     st.builds(Repin, layer=nonneg, expert=nonneg, old_tier=st.integers(0, 2), gpu=nonneg),
     st.builds(Perf, id=ids, dt=finite, t_edisk=finite, t_ewait=finite, t_emm=finite, t_attn=finite,
               t_kvb=finite, t_head=finite, reused_tokens=nonneg, prefilled_tokens=nonneg),
+    st.builds(Accept, id=ids, prompt_tokens=nonneg),
+    st.builds(Prof, id=ids, wall=finite, prompt_tokens=nonneg, completion_tokens=nonneg, t_edisk=finite,
+              t_ewait=finite, t_emm=finite, t_attn=finite, t_head=finite, forwards=nonneg),
     st.builds(Entropy, bits=st.lists(finite, max_size=8).map(tuple)),
     st.builds(Gpus, gpus=st.lists(st.builds(Gpu, used_gb=finite, total_gb=finite, experts=nonneg),
                                   max_size=4).map(tuple)),
@@ -175,6 +183,9 @@ def as_encoded(ev):
             times = [rounded(t, 4) for t in (ev.dt, ev.t_edisk, ev.t_ewait, ev.t_emm, ev.t_attn, ev.t_kvb,
                                              ev.t_head)]
             return Perf(ev.id, *times, ev.reused_tokens, ev.prefilled_tokens)
+        case Prof():
+            t = [rounded(x, 4) for x in (ev.wall, ev.t_edisk, ev.t_ewait, ev.t_emm, ev.t_attn, ev.t_head)]
+            return Prof(ev.id, t[0], ev.prompt_tokens, ev.completion_tokens, *t[1:], ev.forwards)
         case Entropy():
             return Entropy(tuple(rounded(b, 3) for b in ev.bits))
         case Gpus():
@@ -212,6 +223,9 @@ def test_submit_limits_round_trip():
         Submit(3, 0, 1, 0.7, 0.9, ""),  # the reader accepts it; the core answers EMPTY_PROMPT
         Submit(4, 0, 1, 0.7, 0.9, "x", seed=0),
         Submit(5, 0, 1, 0.7, 0.9, "x", seed=MAX_ID),
+        Submit(6, 0, 1, 0.7, 0.9, "x", grammar='root ::= "a\\n" | "é"\n'),
+        Submit(7, 0, 1, 0.7, 0.9, "x", seed=3, grammar="start: %json {}"),
+        Submit(8, 0, 1, 0.7, 0.9, "", prompt_ids=(1, 2), grammar="g"),
     ]:
         assert read_requests([encode_request(req)]) == [as_sent(req), EndOfInput()]
 

@@ -25,6 +25,7 @@ from test_codec_mux import (
 )
 
 from colibri.io.events import (
+    Accept,
     Cancel,
     Data,
     Done,
@@ -37,10 +38,12 @@ from colibri.io.events import (
     Hits,
     HwInfo,
     Perf,
+    Prof,
     ProtocolError,
     Ready,
     Repin,
     Stat,
+    Stop,
     Submit,
     Tiers,
     TopK,
@@ -56,9 +59,9 @@ from colibri.io.mux import (
 )
 
 READER_CODES = {ErrorCode.BAD_FRAME, ErrorCode.BAD_REQUEST, ErrorCode.EMPTY_PROMPT}
-REQUEST_EVENTS = (Submit, Cancel, ProtocolError, EndOfInput)
-RESPONSE_EVENTS = (Ready, Stat, Data, TopK, Done, Error, HwInfo, Tiers, ExpertMap, Hits, Repin, Perf,
-                   Entropy, Gpus, ProtocolError, UnknownLine)
+REQUEST_EVENTS = (Submit, Cancel, Stop, ProtocolError, EndOfInput)
+RESPONSE_EVENTS = (Ready, Stat, Accept, Data, TopK, Done, Error, HwInfo, Tiers, ExpertMap, Hits, Repin, Perf,
+                   Prof, Entropy, Gpus, ProtocolError, UnknownLine)
 
 
 # Pieces of half-valid input: verbs, separators, numbers at and past every limit, junk.

@@ -15,6 +15,7 @@ from colibri.io.events import (
     ProtocolError,
     Ready,
     Repin,
+    Stop,
     Submit,
     UnknownLine,
 )
@@ -44,14 +45,24 @@ OK = b" 0 2 16 0.7 0.9\nhi\n"  # the rest of a valid SUBMIT after its id
     (b"CANCEL 1 2\n", [(ProtocolError, 0, BR)]),
     (b"CANCEL  7\n", [(ProtocolError, 0, BR)]),
     (b"SUBMIT 1 0 2 16 0.7\nhi\n", [(ProtocolError, 0, BR), (ProtocolError, 0, BR)]),
-    (b"SUBMIT 1 0 2 16 0.7 0.9 1 2\nhi\n", [(ProtocolError, 0, BR), (ProtocolError, 0, BR)]),
-    # the optional seed (a seventh field): unsigned, u64
-    (b"SUBMIT 5 0 2 16 0.7 0.9 42\nhi\n", [Submit(5, 0, 16, 0.7, 0.9, "hi", 42)]),
-    (b"SUBMIT 5 0 2 16 0.7 0.9 0\nhi\n", [Submit(5, 0, 16, 0.7, 0.9, "hi", 0)]),
-    (b"SUBMIT 5 0 2 16 0.7 0.9 x\nhi\n", [(ProtocolError, 5, BR)]),
-    (b"SUBMIT 5 0 2 16 0.7 0.9 \nhi\n", [(ProtocolError, 5, BR)]),
-    (b"SUBMIT 5 0 2 16 0.7 0.9 -1\nhi\n", [(ProtocolError, 5, BR)]),
-    (b"SUBMIT 5 0 2 16 0.7 0.9 18446744073709551616\nhi\n", [(ProtocolError, 5, BR)]),
+    (b"SUBMIT 1 0 2 16 0.7 0.9 0 1 2\nhi\n", [(ProtocolError, 0, BR), (ProtocolError, 0, BR)]),
+    # the optional grammar (the gateway's seventh field: its byte count, after the prompt's bytes)
+    (b"SUBMIT 5 0 2 16 0.7 0.9 3\nhix|y\n", [Submit(5, 0, 16, 0.7, 0.9, "hi", grammar="x|y")]),
+    (b"SUBMIT 5 0 2 16 0.7 0.9 0\nhi\n", [Submit(5, 0, 16, 0.7, 0.9, "hi")]),
+    (b"SUBMIT 5 0 2 16 0.7 0.9 2\nhi\xff\xfe\n", [(ProtocolError, 5, BR)]),  # not UTF-8
+    (b"SUBMIT 5 0 2 16 0.7 0.9 1048577\nhi\n", [(ProtocolError, 5, BR)]),  # skipped
+    (b"SUBMIT 5 0 2 16 0.7 0.9 x\nhi\n", [(ProtocolError, 5, BR), (ProtocolError, 0, BR)]),
+    # the optional seed (ours, an eighth field): unsigned, u64
+    (b"SUBMIT 5 0 2 16 0.7 0.9 0 42\nhi\n", [Submit(5, 0, 16, 0.7, 0.9, "hi", 42)]),
+    (b"SUBMIT 5 0 2 16 0.7 0.9 0 0\nhi\n", [Submit(5, 0, 16, 0.7, 0.9, "hi", 0)]),
+    (b"SUBMIT 5 0 2 16 0.7 0.9 0 x\nhi\n", [(ProtocolError, 5, BR)]),
+    (b"SUBMIT 5 0 2 16 0.7 0.9 0 \nhi\n", [(ProtocolError, 5, BR)]),
+    (b"SUBMIT 5 0 2 16 0.7 0.9 0 -1\nhi\n", [(ProtocolError, 5, BR)]),
+    (b"SUBMIT 5 0 2 16 0.7 0.9 0 18446744073709551616\nhi\n", [(ProtocolError, 5, BR)]),
+    # STOP (the gateway's): one id, like CANCEL
+    (b"STOP 9\n", [Stop(9)]),
+    (b"STOP\n", [(ProtocolError, 0, BR)]),
+    (b"STOP 0\n", [(ProtocolError, 0, BR)]),
     # non-numeric fields: with a readable byte count the payload is skipped
     (b"CANCEL x\n", [(ProtocolError, 0, BR)]),
     (b"CANCEL 7\r\n", [(ProtocolError, 0, BR)]),

@@ -10,7 +10,6 @@ from colibri.io.events import (
     Done,
     Error,
     ErrorCode,
-    ExpertMap,
     HwInfo,
     Perf,
     Ready,
@@ -33,10 +32,10 @@ MAX_TOKENS = 16
 async def test_handshake(nursery):
     engine = await EngineProcess.start(nursery, *engine_args(None))
     with trio.fail_after(10):
-        while len(engine.unsolicited) < 5:
+        while len(engine.unsolicited) < 4:
             await trio.sleep(0.01)
-    kinds = [type(e) for e in engine.unsolicited[:5]]
-    assert kinds == [Ready, Stat, HwInfo, Tiers, ExpertMap]
+    kinds = [type(e) for e in engine.unsolicited[:4]]
+    assert kinds == [Ready, Stat, HwInfo, Tiers]  # a dense model: no expert maps
     hw = engine.unsolicited[2]
     assert hw.cores >= 1 and hw.ram_total_gb > 0
     assert await engine.close() == 0
@@ -169,7 +168,7 @@ async def test_every_error_code_and_the_engine_goes_on(nursery):
     cases = [
         (b"BOGUS 1 2\n", 0, ErrorCode.BAD_REQUEST),
         (b"SUBMIT 1 0 x 5 0 1\n", 1, ErrorCode.BAD_REQUEST),  # non-numeric byte count
-        (b"SUBMIT 2 0 2 5 0 1 9 9\nhi\n", 0, ErrorCode.BAD_REQUEST),  # wrong field count
+        (b"SUBMIT 2 0 2 5 0 1 0 9 9\nhi\n", 0, ErrorCode.BAD_REQUEST),  # wrong field count
         (b"SUBMIT 0 0 2 5 0 1\nhi\n", 0, ErrorCode.BAD_REQUEST),  # id 0
         (b"SUBMIT 3 0 2 5 -1 1\nhi\n", 3, ErrorCode.BAD_REQUEST),  # temperature out of range
         (b"SUBMIT 4 0 2 5 0 1.5\nhi\n", 4, ErrorCode.BAD_REQUEST),  # top_p out of range

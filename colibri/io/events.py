@@ -32,14 +32,24 @@ class Submit:
     temperature: float
     top_p: float
     prompt: str
-    seed: int | None = None  # colibri's optional 7th field: reproducible sampling
+    seed: int | None = None  # colibri's optional 8th field: reproducible sampling
     # SUBMIT_IDS: the prompt as token ids (``prompt`` is then empty). The server sends these: it
     # tokenized the template's markup with control tokens and the client's text without.
     prompt_ids: tuple[int, ...] | None = None
+    # The 7th field's extra payload (the gateway's): a grammar every sampled token must keep to
+    # (GBNF, or llguidance's Lark with ``%json`` schemas); None: unconstrained.
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)
 class Cancel:
+    id: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """``STOP <id>``: the host matched a stop string; end the request now with a normal DONE."""
+
     id: int
 
 
@@ -70,6 +80,15 @@ class Stat:
     """The handshake's STAT line: ``STAT 0 0.00 0.0 <rss_gb>``."""
 
     rss_gb: float
+
+
+@dataclass(frozen=True)
+class Accept:
+    """``ACCEPT <id> <prompt_tokens>``: the SUBMIT passed validation and the context check; prefill
+    starts. A gateway opens its streaming response on it."""
+
+    id: int
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -174,6 +193,23 @@ class Perf:
 
 
 @dataclass(frozen=True)
+class Prof:
+    """PROF, the gateway's per-turn profile: wall seconds, token counts, the expert store's and the
+    forward pass's seconds, and the forward steps the turn took part in."""
+
+    id: int
+    wall: float
+    prompt_tokens: int
+    completion_tokens: int
+    t_edisk: float = 0.0
+    t_ewait: float = 0.0
+    t_emm: float = 0.0
+    t_attn: float = 0.0
+    t_head: float = 0.0
+    forwards: int = 0
+
+
+@dataclass(frozen=True)
 class Entropy:
     bits: tuple[float, ...] = ()
 
@@ -197,8 +233,8 @@ class UnknownLine:
     line: bytes
 
 
-Request = Submit | Cancel
+Request = Submit | Cancel | Stop
 Response = (
-    Ready | Stat | Data | TopK | Done | Error | HwInfo | Tiers | ExpertMap | Hits | Repin | Perf
-    | Entropy | Gpus
+    Ready | Stat | Accept | Data | TopK | Done | Error | HwInfo | Tiers | ExpertMap | Hits | Repin
+    | Perf | Prof | Entropy | Gpus
 )

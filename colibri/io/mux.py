@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from colibri.io.events import (
     TOPK_CANDIDATES,
+    Accept,
     Cancel,
     Data,
     Done,
@@ -33,11 +34,13 @@ from colibri.io.events import (
     Hits,
     HwInfo,
     Perf,
+    Prof,
     ProtocolError,
     Ready,
     Repin,
     Response,
     Stat,
+    Stop,
     Submit,
     Tiers,
     TopK,
@@ -56,7 +59,7 @@ from colibri.io.framing import (
 
 # The handshake line: the \x01 bytes keep it from looking like any other line.
 READY_LINE = b"\x01\x01READY\x01\x01"
-# A request header is a verb and at most seven numbers: 256 bytes is generous; more is a broken
+# A request header is a verb and at most eight numbers: 256 bytes is generous; more is a broken
 # peer, and the engine never buffers more of one line than this.
 MAX_LINE = 256
 # Largest SUBMIT payload a reader accepts unless told its context (``payload_limit``): 16 MiB is far
@@ -77,6 +80,9 @@ U64_DIGITS = len(str(MAX_ID))
 MAX_SLOT = 255
 # The most tokens one SUBMIT may ask for: past any context length, so never the binding limit.
 MAX_TOKENS_LIMIT = 1 << 20
+# Largest grammar (the 7th field's extra payload): a JSON schema of a few hundred tools is ~100 KB;
+# 1 MiB bounds what a peer can make the engine compile.
+MAX_GRAMMAR = 1 << 20
 # Candidates on a TOPK line (the protocol fixes five).
 TOPK_COUNT = TOPK_CANDIDATES
 
@@ -106,25 +112,29 @@ def payload_limit(n_ctx: int, bytes_per_token: int) -> int:
     return min(n_ctx * bytes_per_token, MAX_PAYLOAD)
 
 
+# A SUBMIT header waiting for its payload, and its grammar's length; None: a refused one.
+_Pending = tuple[Submit, int] | None
+
+
 class RequestReader:
     """Engine side: bytes from the server -> requests. ``max_payload``: the largest payload accepted
     (the engine passes ``payload_limit`` of its context)."""
 
     def __init__(self, max_payload: int = MAX_PAYLOAD) -> None:
-        # The header kept until its payload arrives: a Submit with an empty prompt, or None for a
-        # rejected header whose payload is still read, so its framing is checked and the stream
-        # stays in step.
-        self._frames: FrameReader[Submit | None] = FrameReader(MAX_LINE)
+        # The header kept until its payload arrives: a Submit with an empty prompt and the grammar's
+        # length, or None for a rejected header whose payload is still read, so its framing is
+        # checked and the stream stays in step.
+        self._frames: FrameReader[_Pending] = FrameReader(MAX_LINE)
         self._eof = False
         self.max_payload = max_payload
 
-    def receive_data(self, data: bytes) -> list[Submit | Cancel | ProtocolError | EndOfInput]:
+    def receive_data(self, data: bytes) -> list[Submit | Cancel | Stop | ProtocolError | EndOfInput]:
         """Feed bytes (``b""`` means end of input) and return the complete events."""
         if self._eof:
             return []
         if data:
             self._frames.feed(data)
-        events: list[Submit | Cancel | ProtocolError | EndOfInput] = []
+        events: list[Submit | Cancel | Stop | ProtocolError | EndOfInput] = []
         while (item := self._frames.next_item()) is not None:
             event = self._interpret(item)
             if event is not None:
@@ -133,59 +143,55 @@ class RequestReader:
             self._eof = True
             match self._frames.close():
                 case Truncated(header=header):
-                    events.append(ProtocolError(header.id if header else 0, ErrorCode.BAD_FRAME,
+                    events.append(ProtocolError(header[0].id if header else 0, ErrorCode.BAD_FRAME,
                                                 "EOF in payload"))
                 case Unterminated():
                     events.append(ProtocolError(0, ErrorCode.BAD_FRAME, "EOF in a line"))
             events.append(EndOfInput())
         return events
 
-    def _interpret(self, item: Item[Submit | None]) -> Submit | Cancel | ProtocolError | None:
+    def _interpret(self, item: Item[_Pending]) -> Submit | Cancel | Stop | ProtocolError | None:
         match item:
             case Line(data=line):
                 return self._header(line)
             case Payload(header=None):
                 return None  # the header was answered already
-            case Payload(header=header, data=payload) if header.prompt_ids is not None:
-                ids = _token_ids(payload)
-                if ids is None:
-                    return ProtocolError(header.id, ErrorCode.BAD_REQUEST, "SUBMIT_IDS payload is not ids")
-                return replace(header, prompt_ids=ids)
-            case Payload(header=header, data=payload):
-                try:
-                    return replace(header, prompt=payload.decode("utf-8"))
-                except UnicodeDecodeError:
-                    return ProtocolError(header.id, ErrorCode.BAD_REQUEST, "payload is not UTF-8")
+            case Payload(header=(header, g), data=payload):
+                return _submit(header, g, payload)
             case Unframed(header=header):
-                return ProtocolError(header.id if header else 0, ErrorCode.BAD_FRAME,
+                return ProtocolError(header[0].id if header else 0, ErrorCode.BAD_FRAME,
                                      "payload not followed by newline")
             case Overlong():
                 return ProtocolError(0, ErrorCode.BAD_FRAME, "line too long")
 
-    def _header(self, line: bytes) -> Cancel | ProtocolError | None:
+    def _header(self, line: bytes) -> Cancel | Stop | ProtocolError | None:
         """A request line: a CANCEL, a rejection, or None when a SUBMIT's payload is to follow.
         The byte count is read first: once it is known the payload is consumed whatever else is
         wrong with the header, so its lines are never mistaken for requests."""
         fields = line.split(b" ")
         verb = fields[0]
-        if verb == b"CANCEL":
-            return _cancel(fields)
+        if verb in (b"CANCEL", b"STOP"):
+            return _by_id(fields)
         if verb not in (b"SUBMIT", b"SUBMIT_IDS"):
             return ProtocolError(0, ErrorCode.BAD_REQUEST, f"unknown verb {verb[:32]!r}")
-        if len(fields) not in (7, 8):
-            return ProtocolError(0, ErrorCode.BAD_REQUEST, "SUBMIT takes six fields (seven with a seed)")
+        if len(fields) not in (7, 8, 9):
+            return ProtocolError(0, ErrorCode.BAD_REQUEST,
+                                 "SUBMIT takes six fields (seven with a grammar, eight with a seed)")
         try:
             rid = _uint(fields[1], MAX_ID)
         except ValueError:
             rid = 0
         try:
             n = _uint(fields[3], MAX_ID)
+            g = _uint(fields[7], MAX_ID) if len(fields) > 7 else 0
         except ValueError:  # where the payload ends is unknown: its lines are read as lines
             return ProtocolError(rid, ErrorCode.BAD_REQUEST, "byte count is not a number")
-        if n > self.max_payload:
-            if n <= MAX_SKIP:
-                self._frames.skip_payload(n)
-            return ProtocolError(rid, ErrorCode.BAD_REQUEST, f"payload over {self.max_payload} bytes")
+        if n > self.max_payload or g > MAX_GRAMMAR:
+            if n + g <= MAX_SKIP:
+                self._frames.skip_payload(n + g)
+            what = (f"payload over {self.max_payload}" if n > self.max_payload
+                    else f"grammar over {MAX_GRAMMAR}")
+            return ProtocolError(rid, ErrorCode.BAD_REQUEST, f"{what} bytes")
         try:
             if rid == 0:
                 raise ValueError("id 0")
@@ -194,13 +200,33 @@ class RequestReader:
             temperature, top_p = _float(fields[5]), _float(fields[6])
             if temperature < 0 or not 0 < top_p <= 1:
                 raise ValueError
-            seed = _uint(fields[7], MAX_ID) if len(fields) == 8 else None
+            seed = _uint(fields[8], MAX_ID) if len(fields) == 9 else None
         except ValueError:
-            self._frames.expect_payload(n, None)
+            self._frames.expect_payload(n + g, None)
             return ProtocolError(rid, ErrorCode.BAD_REQUEST, "bad SUBMIT field")
         ids = () if verb == b"SUBMIT_IDS" else None
-        self._frames.expect_payload(n, Submit(rid, slot, max_tokens, temperature, top_p, "", seed, ids))
+        # The payload is the prompt, then the grammar's g bytes: the header keeps g until it is read.
+        submit = Submit(rid, slot, max_tokens, temperature, top_p, "", seed, ids)
+        self._frames.expect_payload(n + g, (submit, g))
         return None
+
+
+def _submit(header: Submit, g: int, payload: bytes) -> Submit | ProtocolError:
+    """A SUBMIT whose payload arrived: the prompt (text or ids), then the grammar's ``g`` bytes."""
+    prompt, grammar = (payload[: len(payload) - g], payload[len(payload) - g :]) if g else (payload, b"")
+    try:
+        text = grammar.decode("utf-8") if g else None
+    except UnicodeDecodeError:
+        return ProtocolError(header.id, ErrorCode.BAD_REQUEST, "grammar is not UTF-8")
+    if header.prompt_ids is not None:
+        ids = _token_ids(prompt)
+        if ids is None:
+            return ProtocolError(header.id, ErrorCode.BAD_REQUEST, "SUBMIT_IDS payload is not ids")
+        return replace(header, prompt_ids=ids, grammar=text)
+    try:
+        return replace(header, prompt=prompt.decode("utf-8"), grammar=text)
+    except UnicodeDecodeError:
+        return ProtocolError(header.id, ErrorCode.BAD_REQUEST, "payload is not UTF-8")
 
 
 def _token_ids(payload: bytes) -> tuple[int, ...] | None:
@@ -211,32 +237,38 @@ def _token_ids(payload: bytes) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts)
 
 
-def _cancel(fields: list[bytes]) -> Cancel | ProtocolError:
-    """``CANCEL <id>``, split on spaces."""
+def _by_id(fields: list[bytes]) -> Cancel | Stop | ProtocolError:
+    """``CANCEL <id>`` or ``STOP <id>``, split on spaces."""
+    verb = fields[0].decode()
     if len(fields) != 2:
-        return ProtocolError(0, ErrorCode.BAD_REQUEST, "CANCEL takes one field")
+        return ProtocolError(0, ErrorCode.BAD_REQUEST, f"{verb} takes one field")
     try:
         rid = _uint(fields[1], MAX_ID)
     except ValueError:
-        return ProtocolError(0, ErrorCode.BAD_REQUEST, "CANCEL id is not a number")
+        return ProtocolError(0, ErrorCode.BAD_REQUEST, f"{verb} id is not a number")
     if rid == 0:
         return ProtocolError(0, ErrorCode.BAD_REQUEST, "id 0")
-    return Cancel(rid)
+    return Cancel(rid) if verb == "CANCEL" else Stop(rid)
 
 
-def encode_request(event: Submit | Cancel) -> bytes:
+def encode_request(event: Submit | Cancel | Stop) -> bytes:
     """Server side: a request's bytes. Floats are written with ``repr`` so the engine samples with
-    exactly the temperature and top_p the client asked for."""
+    exactly the temperature and top_p the client asked for. The grammar field is written when
+    there is a grammar or a seed (which comes after it: 0 is "no grammar")."""
     if isinstance(event, Submit):
         if event.prompt_ids is not None:
             verb, payload = "SUBMIT_IDS", ",".join(map(str, event.prompt_ids)).encode()
         else:
             verb, payload = "SUBMIT", event.prompt.encode("utf-8")
-        seed = "" if event.seed is None else f" {event.seed}"
+        grammar = (event.grammar or "").encode("utf-8")
+        tail = ""
+        if grammar or event.seed is not None:
+            tail = f" {len(grammar)}" + ("" if event.seed is None else f" {event.seed}")
         head = (f"{verb} {event.id} {event.slot} {len(payload)} {event.max_tokens} "
-                f"{event.temperature!r} {event.top_p!r}{seed}\n")
-        return head.encode() + payload + b"\n"
-    return f"CANCEL {event.id}\n".encode()
+                f"{event.temperature!r} {event.top_p!r}{tail}\n")
+        return head.encode() + payload + grammar + b"\n"
+    verb = "CANCEL" if isinstance(event, Cancel) else "STOP"
+    return f"{verb} {event.id}\n".encode()
 
 
 def _hex_map(kind: str, rows: int, cols: int, data: bytes) -> bytes:
@@ -251,6 +283,8 @@ def encode_response(event: Response) -> bytes:
             return READY_LINE + b"\n"
         case Stat(rss_gb=rss):
             return f"STAT 0 0.00 0.0 {rss:.2f}\n".encode()
+        case Accept(id=rid, prompt_tokens=n):
+            return f"ACCEPT {rid} {n}\n".encode()
         case Data(id=rid, text=text):
             return f"DATA {rid} {len(text)}\n".encode() + text + b"\n"
         case TopK(id=rid, candidates=cands):
@@ -282,6 +316,10 @@ def encode_response(event: Response) -> bytes:
             times = (e.dt, e.t_edisk, e.t_ewait, e.t_emm, e.t_attn, e.t_kvb, e.t_head)
             return (f"PERF {e.id} " + " ".join(f"{t:.4f}" for t in times)
                     + f" {e.reused_tokens} {e.prefilled_tokens}\n").encode()
+        case Prof():
+            e = event
+            return (f"PROF {e.id} {e.wall:.4f} {e.prompt_tokens} {e.completion_tokens} {e.t_edisk:.4f} "
+                    f"{e.t_ewait:.4f} {e.t_emm:.4f} {e.t_attn:.4f} {e.t_head:.4f} {e.forwards}\n").encode()
         case Entropy(bits=bits):
             return " ".join(["ENTROPY", *(f"{b:.3f}" for b in bits)]).encode() + b"\n"
         case Gpus(gpus=gpus):
@@ -341,6 +379,11 @@ class ResponseReader:
                 raise ValueError("negative DATA byte count")
             self._frames.expect_payload(n, rid)
             return None
+        if kind == "ACCEPT":
+            return Accept(int(f[1]), int(f[2]))
+        if kind == "PROF":
+            t = [float(x) for x in f[2:11]]
+            return Prof(int(f[1]), t[0], int(t[1]), int(t[2]), *t[3:8], int(t[8]))
         if kind == "DONE":
             return Done(int(f[1]), int(f[3]), float(f[4]), float(f[5]), float(f[6]), int(f[7]), f[8] == "1",
                         _saved(f[9:10]))

@@ -128,6 +128,10 @@ class GGUFTokenizer:
         self._tok.encode_special_tokens = not special
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def to_json(self) -> str:
+        """The tokenizer in Hugging Face's tokenizer.json form (what llguidance reads)."""
+        return self._tok.to_str()
+
     def token_bytes(self, token_id: int) -> bytes:
         return self._bytes[token_id] if 0 <= token_id < len(self._bytes) else b""
 

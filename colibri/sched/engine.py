@@ -22,7 +22,8 @@ import numpy as np
 import trio
 
 from colibri.io import mux
-from colibri.io.events import TOPK_CANDIDATES, Data, Error, ErrorCode, Hits, Submit, TopK
+from colibri.io.events import TOPK_CANDIDATES, Accept, Data, Error, ErrorCode, Hits, Submit, TopK
+from colibri.model.grammar import GrammarError, GrammarVocab
 from colibri.model.interface import EngineModel
 from colibri.model.sampling import REPETITION_WINDOW, Sampler, SamplingParams, top_candidates
 from colibri.sched import persist, telemetry
@@ -41,11 +42,12 @@ class Engine:
 
     def __init__(
         self, model: EngineModel, n_slots: int, n_ctx: int, state_dir: Path | None, prefill_chunk: int,
-        emit: Emit, topk: bool = False,
+        emit: Emit, topk: bool = False, perf: bool = False,
     ) -> None:
         self.model, self.tokenizer = model, model.tokenizer
         self.n_ctx, self.state_dir, self.prefill_chunk = n_ctx, state_dir, prefill_chunk
-        self.emit, self.topk = emit, topk
+        self.emit, self.topk, self.perf = emit, topk, perf
+        self._grammar_vocab: GrammarVocab | None = None  # built on the first grammar
         self.kv = model.new_kv_cache(n_slots, n_ctx)
         self.slots = [Slot(i) for i in range(n_slots)]
         self.requests: dict[int, Request] = {}
@@ -145,6 +147,15 @@ class Engine:
         nursery.start_soon(self._serve, req)
         return req
 
+    def stop(self, rid: int) -> bool:
+        """STOP: the request ends at the next step boundary with a normal DONE (the host matched a
+        stop string). False if no such request is in flight; one already ending ignores it."""
+        req = self.requests.get(rid)
+        if req is None:
+            return False
+        req.stop_requested = True
+        return True
+
     def cancel(self, rid: int) -> bool:
         """False if no such request is in flight. A request that has already finished generating
         ends with its DONE; the CANCEL is then moot and gets no reply of its own."""
@@ -190,6 +201,9 @@ class Engine:
         if len(prompt) > self.n_ctx:
             await req.emit(Error(req.id, ErrorCode.CONTEXT_EXCEEDED, (len(prompt), self.n_ctx)))
             return False
+        if req.submit.grammar is not None and not await self._constrain(req):
+            return False
+        await req.emit(Accept(req.id, len(prompt)))
         history = req.slot.history
         common = 0
         for a, b in zip(history, prompt, strict=False):
@@ -202,11 +216,28 @@ class Engine:
         req.admitted = True
         if self.experts is not None:
             req.store_at_start = self.experts.counters()
-        if req.submit.max_tokens == 0:
+        if req.submit.max_tokens == 0 or req.stop_requested:
             req.finished.set()
             return True
         self.active.append(req)
         self._work.set()
+        return True
+
+    async def _constrain(self, req: Request) -> bool:
+        """The request's grammar, compiled off the event loop (a big schema takes milliseconds);
+        one that does not compile is a BAD_REQUEST (the reason goes to stderr: ERROR has no text)."""
+        def build():
+            if self._grammar_vocab is None:
+                tok = self.tokenizer
+                self._grammar_vocab = GrammarVocab(tok.to_json(), self.model.hp.n_vocab, self.stop_ids)
+            return self._grammar_vocab.constraint(req.submit.grammar)
+
+        try:
+            req.constraint = await trio.to_thread.run_sync(build)
+        except GrammarError as e:
+            warn(f"request {req.id}: {e}")
+            await req.emit(Error(req.id, ErrorCode.BAD_REQUEST))
+            return False
         return True
 
     def _deactivate(self, req: Request) -> None:
@@ -226,7 +257,7 @@ class Engine:
         else:
             async with self.step_lock:  # the forward thread changes the store's tiers during a step
                 maps, counters = telemetry.expert_events(self.experts, hits=True), self.experts.counters()
-        for event in telemetry.turn_end_events(req, counters, maps, saved):
+        for event in telemetry.turn_end_events(req, counters, maps, saved, perf=self.perf):
             await req.emit(event)
 
     def expert_telemetry(self, hits: bool) -> list[object]:
@@ -247,9 +278,11 @@ class Engine:
                     sampled = await trio.to_thread.run_sync(self._compute, plan)
                     self._advance(plan, time.perf_counter() - t0)
                 for (req, _, logit_row), choice in zip(plan.shares, sampled, strict=True):
-                    if logit_row is not None and not req.cancelled:
+                    if logit_row is not None and not req.cancelled and not req.finished.is_set():
                         await self._accept(req, *choice)
-                await trio.sleep(0)  # let CANCEL and new SUBMITs in between steps
+                for req in [r for r in self.active if r.stop_requested]:
+                    self._end(req, limited=False)  # STOP: mid-prompt, or between tokens
+                await trio.sleep(0)  # let CANCEL, STOP and new SUBMITs in between steps
 
     def _advance(self, plan: StepPlan, seconds: float) -> None:
         """The step's rows are in the KV cache now: they move from each request's todo to its
@@ -257,6 +290,7 @@ class Engine:
         for req, n, _ in plan.shares:
             req.slot.history.extend(req.todo[:n])
             del req.todo[:n]
+            req.forwards += 1
             if n > 1 or not req.emitted:
                 req.t_prefill += seconds
 
@@ -276,14 +310,26 @@ class Engine:
             row = logits[i]
             i += 1
             recent = req.slot.history[-REPETITION_WINDOW:] + req.todo[:n]
-            token = req.sampler(row, recent)
+            token = self._sample(req, row, recent) if req.constraint else req.sampler(row, recent)
             out.append((token, self._topk(row, token) if self.topk else None))
         return out
 
+    def _sample(self, req: Request, row: np.ndarray, recent: list[int]) -> int:
+        """A token the request's grammar allows (its row is masked in place: TOPK then shows the
+        candidates the grammar left). A grammar that allows nothing (in error) ends the turn."""
+        row[:] = req.constraint.mask(row)
+        if not np.isfinite(row).any():
+            return min(self.stop_ids)
+        token = req.sampler(row, recent)
+        if not req.constraint.advance(token):
+            return min(self.stop_ids)
+        return token
+
     def _topk(self, row: np.ndarray, sampled: int) -> tuple[tuple[float, bytes], ...]:
-        """TOPK's candidates: the sampled token first, then the best others, with their text."""
+        """TOPK's candidates: the sampled token first, then the best others, with their text (not
+        the tokens a grammar ruled out: their logprob is -inf)."""
         best = top_candidates(row, sampled, TOPK_CANDIDATES)
-        return tuple((lp, self.tokenizer.token_bytes(t)) for t, lp in best)
+        return tuple((lp, self.tokenizer.token_bytes(t)) for t, lp in best if t == sampled or lp > -np.inf)
 
     async def _accept(self, req: Request, token: int, topk: tuple | None) -> None:
         """A sampled token: stream it, or end the turn."""
@@ -302,6 +348,8 @@ class Engine:
             await req.emit(Hits(rows, cols, self.experts.take_hits()))
         if req.emitted >= req.submit.max_tokens or len(req.slot.history) >= self.n_ctx:
             return self._end(req, limited=True)
+        if req.stop_requested or (req.constraint is not None and req.constraint.finished):
+            return self._end(req, limited=False)
         req.todo = [token]
 
     def _end(self, req: Request, limited: bool) -> None:

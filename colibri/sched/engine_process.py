@@ -18,7 +18,7 @@ from pathlib import Path
 import trio
 
 from colibri.io import mux
-from colibri.io.events import Cancel, EndOfInput, Error, ErrorCode, ProtocolError, Ready, Stat, Submit
+from colibri.io.events import Cancel, EndOfInput, Error, ErrorCode, ProtocolError, Ready, Stat, Stop, Submit
 from colibri.model.interface import EngineModel
 from colibri.sched import telemetry
 from colibri.sched.engine import Engine
@@ -40,6 +40,7 @@ class EngineConfig:
     prefill_chunk: int
     protocol: str  # "mux" | "legacy"
     topk: bool
+    perf: bool = False  # SERVE_PERF=1: the spec's PERF, ENTROPY and GPUS lines before each DONE
     max_tokens: int = 512  # legacy: answer length when the client gives none
     ram_budget: int | None = None  # bytes of resident expert copies (MoE); None: no limit
 
@@ -64,7 +65,8 @@ async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int) -> int:
         if data:
             await out_send.send(data)
 
-    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, emit, topk=cfg.topk)
+    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, emit, topk=cfg.topk,
+                    perf=cfg.perf)
     await trio.to_thread.run_sync(engine.restore)
     async with trio.open_nursery() as outer:
         outer.start_soon(_writer, out_recv, stdout)
@@ -118,6 +120,9 @@ async def _read_mux(stdin: trio.lowlevel.FdStream, engine: Engine, emit: Emit, w
                         engine.start(event, work)
                 case Cancel(id=rid):
                     if not engine.cancel(rid):
+                        await emit(Error(rid, ErrorCode.NOT_FOUND))
+                case Stop(id=rid):
+                    if not engine.stop(rid):
                         await emit(Error(rid, ErrorCode.NOT_FOUND))
                 case ProtocolError(id=rid, code=code, detail=detail):
                     print(f"colibri: {code}: {detail}", file=sys.stderr, flush=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import trio
 
 from colibri.io.events import Submit
+from colibri.model.grammar import Constraint
 from colibri.model.interface import StoreCounters
 from colibri.model.sampling import Sampler
 from colibri.model.tokenizer import StreamDecoder
@@ -48,3 +49,6 @@ class Request:
     t_first: float = 0.0
     t_prefill: float = 0.0
     store_at_start: StoreCounters | None = None  # the expert store's counters when admitted
+    constraint: Constraint | None = None  # the SUBMIT's grammar, if it had one
+    stop_requested: bool = False  # STOP: end with a normal DONE at the next step boundary
+    forwards: int = 0  # forward steps this request had rows in (PROF)

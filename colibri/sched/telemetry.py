@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from colibri import hostinfo
-from colibri.io.events import Done, Entropy, ExpertMap, Gpus, Hits, HwInfo, Perf, Tiers
+from colibri.io.events import Done, Entropy, ExpertMap, Gpus, Hits, HwInfo, Perf, Prof, Tiers
 from colibri.model.interface import ExpertTelemetry, StoreCounters
 
 if TYPE_CHECKING:
@@ -35,10 +35,11 @@ def rss_gb() -> float:
 
 
 def expert_events(experts: ExpertTelemetry | None, hits: bool) -> list[object]:
-    """TIERS, EMAP and (with ``hits``) HITS, from the expert store; zeros on a dense model. Call
-    between steps: the forward pass changes the tiers during one."""
+    """TIERS, EMAP and (with ``hits``) HITS, from the expert store; a dense model has TIERS of
+    zeros and no maps (an empty map is a line a strict reader cannot split into its four fields).
+    Call between steps: the forward pass changes the tiers during one."""
     if experts is None:
-        return [Tiers(0, 0, 0, 0.0, 0.0), ExpertMap(0, 0, b"")] + ([Hits(0, 0, b"")] if hits else [])
+        return [Tiers(0, 0, 0, 0.0, 0.0)]
     ram, disk, ram_bytes = experts.tier_counts()
     rows, cols = experts.shape
     events: list[object] = [Tiers(0, ram, disk, 0.0, ram_bytes / GB),
@@ -49,8 +50,10 @@ def expert_events(experts: ExpertTelemetry | None, hits: bool) -> list[object]:
 
 
 def turn_end_events(req: Request, counters: StoreCounters | None, maps: list[object],
-                    saved: bool) -> list[object]:
-    """What ends a turn, in the protocol's order: HWINFO, PERF, ENTROPY, GPUS, the expert maps, DONE.
+                    saved: bool, perf: bool = False) -> list[object]:
+    """What ends a turn, in the protocol's order: HWINFO, PROF, (with ``perf``: PERF, ENTROPY,
+    GPUS), the expert maps, DONE. PROF is the gateway's profile, always sent; PERF, ENTROPY and
+    GPUS are the spec's, sent when the host asks (SERVE_PERF=1; ``coli serve`` does).
     The expert store serves every slot at once, so a turn's hit rate and times are the store's
     over the turn's span (``counters`` now against those when it was admitted). ``saved``: the
     slot file was written before this DONE (DONE must not claim durability it does not have)."""
@@ -63,7 +66,12 @@ def turn_end_events(req: Request, counters: StoreCounters | None, maps: list[obj
         uses = (c1.hits - c0.hits) + (c1.misses - c0.misses)
         hit_pct = 100.0 * (c1.hits - c0.hits) / uses if uses else 0.0
         t_edisk, t_emm = c1.t_disk - c0.t_disk, c1.t_compute - c0.t_compute
-    perf = Perf(req.id, now - req.t_start, t_edisk=t_edisk, t_emm=t_emm, t_kvb=req.t_prefill,
-                reused_tokens=req.reused, prefilled_tokens=len(req.prompt) - req.reused)
+    prof = Prof(req.id, now - req.t_start, len(req.prompt), req.emitted, t_edisk=t_edisk, t_emm=t_emm,
+                forwards=req.forwards)
     done = Done(req.id, req.emitted, tok_s, hit_pct, rss_gb(), len(req.prompt), req.length_limited, saved)
-    return [hwinfo(), perf, Entropy(), Gpus(), *maps, done]
+    spec: list[object] = []
+    if perf:
+        spec = [Perf(req.id, now - req.t_start, t_edisk=t_edisk, t_emm=t_emm, t_kvb=req.t_prefill,
+                     reused_tokens=req.reused, prefilled_tokens=len(req.prompt) - req.reused),
+                Entropy(), Gpus()]
+    return [hwinfo(), prof, *spec, *maps, done]
