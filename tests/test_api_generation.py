@@ -43,12 +43,21 @@ class ScriptedEngine:
 
     def __init__(self, events: list, die: bool = False) -> None:
         self.events, self.die, self.closed_early = events, die, False
+        self.stopped: int | None = None  # the id a STOP named
 
-    async def generate(self, prompt: str, slot: int, *args: object) -> AsyncIterator:
+    async def stop(self, rid: int) -> None:
+        self.stopped = rid
+
+    async def generate(self, prompt: str, slot: int, *args: object, grammar: str | None = None,
+                       ticket=None) -> AsyncIterator:
         finished = False
+        if ticket is not None:
+            ticket.id = 1
         try:
             for event in self.events:
                 await trio.lowlevel.checkpoint()
+                if self.stopped and isinstance(event, Data | TopK):
+                    continue  # STOP: the engine ends the turn; no more tokens come
                 finished = isinstance(event, Done | Error)
                 yield event
             if self.die:
@@ -99,7 +108,8 @@ async def test_stop_string_ends_the_request_in_the_engine() -> None:
     run, _ = run_of(engine, stops=["b c"])
     text = "".join([p.text async for p in run.pieces()])
     assert text == "a " and run.finish == "stop"
-    assert engine.closed_early  # the engine was told to stop, not left to run to max_tokens
+    # the engine was told to STOP, not left to run to max_tokens, and its DONE (the stats) came
+    assert engine.stopped == 1 and not engine.closed_early and run.done is not None
 
 
 @pytest.mark.parametrize(

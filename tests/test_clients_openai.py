@@ -200,20 +200,21 @@ def test_completion_default_or_metadata_accepted(http, name, value):
     assert r.status_code == 200, r.text
 
 
-def test_the_langchain_bind_tools_request_is_blamed_on_tools(client, server):
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(
-            model=server.model_id, messages=user("Hi"), max_tokens=1,
-            parallel_tool_calls=False, tools=[TOOL],
-        )
-    assert e.value.body["param"] == "tools", e.value.body
-    assert "not supported yet" in e.value.body["message"]
+def test_the_langchain_bind_tools_request_is_served(client, server):
+    r = client.chat.completions.create(
+        model=server.model_id, messages=user("Hi"), max_tokens=1, parallel_tool_calls=False, tools=[TOOL],
+    )
+    assert len(r.choices) == 1
 
 
 @pytest.mark.parametrize(("body", "field"), [
     ({"parallel_tool_calls": False, "tool_choice": "required"}, "tool_choice"),
-    ({"tool_choice": "auto", "tools": [TOOL]}, "tools"),
-    ({"logit_bias": {"42": 1}, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools"),
+    ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"functions": [{"name": "f"}], "response_format": {"type": "json_object"}}, "functions"),
+    ({"function_call": {"name": "f"}}, "function_call"),
+    ({"logit_bias": {"42": 1}, "response_format": {"type": "json_object"}}, "logit_bias"),
     ({"verbosity": "high"}, "verbosity"),
     ({"modalities": ["text", "audio"]}, "modalities"),
     ({"n": 2}, "n"),

@@ -256,8 +256,11 @@ def test_seed_reproducible(client, server):
     "field, kwargs",
     [
         ("n", dict(n=2)),
-        ("tools", dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])),
-        ("response_format", dict(response_format={"type": "json_object"})),
+        ("functions", dict(extra_body={"functions": [{"name": "f", "parameters": {}}]})),
+        ("tools", dict(tools=[{"type": "function",
+                               "function": {"name": "f", "parameters": {"type": "nope"}}}])),
+        ("response_format", dict(response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "string", "pattern": "(["}}})),
         ("presence_penalty", dict(presence_penalty=0.5)),
         ("logit_bias", dict(logit_bias={"42": 10})),
         ("frobnicate", dict(extra_body={"frobnicate": 1})),

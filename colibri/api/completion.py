@@ -27,6 +27,7 @@ from colibri.api.openai_errors import ApiError
 from colibri.api.openai_requests import Generation
 from colibri.api.openai_responses import SSE_DONE, Envelope, logprobs, sse, usage
 from colibri.api.server_state import ServerState
+from colibri.api.tools import split_output
 
 
 async def admit(state: ServerState, gen: Generation) -> SlotLease:
@@ -80,7 +81,17 @@ async def answer_json(state: ServerState, gen: Generation, lease: SlotLease) -> 
         state.counters["completed"] += 1
         extra = {"colibri": run.stats()}
         use = usage(*run.record_usage())
-        return env.final("".join(parts), run.finish, use, logprobs(gen, tokens), extra)
+        content, calls = answer_of("".join(parts), gen)
+        finish = "tool_calls" if calls else run.finish
+        return env.final(content, finish, use, logprobs(gen, tokens), extra, calls)
+
+
+def answer_of(text: str, gen: Generation) -> tuple[str | None, list[dict[str, Any]]]:
+    """The answer's content and tool calls: with tools offered, the text is the model's call or
+    reply in the tools' format (``tools.split_output``); else it is the content."""
+    if gen.tools is None:
+        return text, []
+    return split_output(text, gen.tools)
 
 
 async def answer_sse(
@@ -106,14 +117,22 @@ async def _frames(state: ServerState, gen: Generation, lease: SlotLease) -> Asyn
     try:
         if gen.kind == "chat":
             yield sse(env.role_chunk())
-        offset = 0
+        offset, held = 0, []
         async for piece in pieces:
-            if piece.text or piece.tokens:
+            if gen.tools is not None:
+                held.append(piece)  # a call or a reply: known once the whole answer is in
+            elif piece.text or piece.tokens:
                 yield sse(env.chunk(text=piece.text, logprobs=logprobs(gen, piece.tokens, offset)))
                 offset += len(piece.text)
+        finish = run.finish
+        if held:
+            content, calls = answer_of("".join(p.text for p in held), gen)
+            tokens = [t for p in held for t in p.tokens]
+            yield sse(env.chunk(text=content, tool_calls=calls, logprobs=logprobs(gen, tokens)))
+            finish = "tool_calls" if calls else finish
         stats = run.stats()
         use = usage(*run.record_usage())
-        yield sse(env.finish_chunk(run.finish, stats))
+        yield sse(env.finish_chunk(finish, stats))
         if gen.include_usage:
             yield sse(env.usage_chunk(use, stats))  # the last chunk: nothing may follow it
         yield SSE_DONE

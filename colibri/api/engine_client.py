@@ -17,6 +17,7 @@ import trio
 
 from colibri.errors import ConfigError
 from colibri.io.events import (
+    Accept,
     Cancel,
     Data,
     Done,
@@ -26,7 +27,9 @@ from colibri.io.events import (
     Hits,
     HwInfo,
     Perf,
+    Prof,
     Ready,
+    Stop,
     Submit,
     Tiers,
     TopK,
@@ -94,6 +97,13 @@ class _Flight:
     send: trio.MemorySendChannel
     abandoned: bool = False
     ended: trio.Event = field(default_factory=trio.Event)  # its DONE or ERROR came, or the engine died
+
+
+@dataclass
+class Ticket:
+    """A request's engine id, known once ``generate`` has sent it (what ``stop`` names)."""
+
+    id: int = 0
 
 
 @dataclass
@@ -188,7 +198,7 @@ class EngineClient:
                     self.persist.note(event)
                 if isinstance(event, Done) and self.telemetry.emap and self.telemetry.emap.rows:
                     self.telemetry.hit_pct = event.hit_pct  # MoE only: a dense model has no store
-                if rid and isinstance(event, Data | TopK | Done | Error | Perf):
+                if rid and isinstance(event, Accept | Data | TopK | Done | Error | Perf | Prof):
                     flight = self._flights.get(rid)
                     if flight is not None:
                         try:
@@ -235,20 +245,23 @@ class EngineClient:
 
     async def generate(
         self, prompt: str | tuple[int, ...], slot: int, max_tokens: int, temperature: float,
-        top_p: float, seed: int | None = None,
-    ) -> AsyncIterator[Data | TopK | Perf | Done | Error]:
+        top_p: float, seed: int | None = None, grammar: str | None = None, ticket: Ticket | None = None,
+    ) -> AsyncIterator[Accept | Data | TopK | Perf | Prof | Done | Error]:
         """The request's events up to its Done or Error. ``prompt``: token ids (SUBMIT_IDS), or
-        text the engine tokenizes with control tokens parsed (SUBMIT). Leaving the loop early (a
-        client gone, a stop string) cancels the request in the engine."""
+        text the engine tokenizes with control tokens parsed (SUBMIT). ``grammar`` constrains every
+        token; ``ticket`` learns the engine id (for ``stop``). Leaving the loop early (a client
+        gone) cancels the request in the engine."""
         rid = self._next_id
         self._next_id += 1
+        if ticket is not None:
+            ticket.id = rid
         send, recv = trio.open_memory_channel(math.inf)
         flight = _Flight(send)
         self._flights[rid] = flight
         finished = False
         try:
             text, ids = (prompt, None) if isinstance(prompt, str) else ("", tuple(prompt))
-            submit = Submit(rid, slot, max_tokens, temperature, top_p, text, seed, ids)
+            submit = Submit(rid, slot, max_tokens, temperature, top_p, text, seed, ids, grammar)
             await self._write(encode_request(submit))
             async with recv:
                 async for event in recv:
@@ -268,6 +281,12 @@ class EngineClient:
                     else:  # the engine holds the slot until the request ends: wait for that
                         with trio.move_on_after(CANCEL_WAIT_S):
                             await flight.ended.wait()
+
+    async def stop(self, rid: int) -> None:
+        """STOP: the engine ends the request at its next step with a normal DONE (a stop string
+        matched); its events go on arriving until then."""
+        if rid in self._flights:
+            await self._write(encode_request(Stop(rid)))
 
     async def shutdown(self) -> None:
         """EOF to the engine: it finishes, persists and exits; no restart follows."""

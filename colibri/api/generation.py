@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from colibri.api.engine_client import EngineClient, EngineDied
+from colibri.api.engine_client import EngineClient, EngineDied, Ticket
 from colibri.api.metrics import ServerMetrics
 from colibri.api.openai_requests import Generation
 from colibri.api.stop import StopMatcher
@@ -99,7 +99,9 @@ class GenerationRun:
         pending: list[TokenLogprob] = []
         held: tuple[str, bool] | None = None  # a DATA's text and stop hit, until its TOPK (which follows)
         prompt = g.prompt_ids or g.prompt
-        stream = self.engine.generate(prompt, self.slot, g.max_tokens, g.temperature, g.top_p, g.seed)
+        ticket = Ticket()
+        stream = self.engine.generate(prompt, self.slot, g.max_tokens, g.temperature, g.top_p, g.seed,
+                                      grammar=g.grammar, ticket=ticket)
         try:
             async for event in stream:
                 if isinstance(event, TopK):
@@ -109,8 +111,8 @@ class GenerationRun:
                     yield Piece(out, pending)
                     pending = []
                     if hit:
-                        self.finish = "stop"
-                        return  # closing the stream (below) cancels the request in the engine
+                        await self._stop(stream, ticket)
+                        return
                 if isinstance(event, Data):
                     held = self.stops.feed(event.text.decode("utf-8", errors="replace"))
                 else:
@@ -128,7 +130,15 @@ class GenerationRun:
         if out or tail or pending:
             yield Piece(out + tail, pending)
 
-    def _note(self, event: TopK | Perf | Done | Error) -> None:
+    async def _stop(self, stream: AsyncIterator[object], ticket: Ticket) -> None:
+        """A stop string matched: STOP, then the turn's last events until its DONE (its stats)."""
+        await self.engine.stop(ticket.id)
+        async for event in stream:
+            if not isinstance(event, Data | TopK):
+                self._note(event)
+        self.finish = "stop"
+
+    def _note(self, event: object) -> None:
         match event:
             case TopK():
                 now = time.perf_counter()

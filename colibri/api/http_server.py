@@ -153,9 +153,11 @@ def _first(group: BaseExceptionGroup) -> BaseException:
 
 def prompt_ids(text: ModelText, gen: Generation) -> list[int]:
     """A request's prompt by the trust rule: for chat, the template's markup with its control
-    tokens and the messages as plain text; for a completion, the client's text, plain."""
+    tokens and the messages as plain text (and the tools, for a template that takes them); for a
+    completion, the client's text, plain."""
     if gen.kind == "chat":
-        return text.encode_chat(gen.messages, gen.enable_thinking)
+        tools = gen.tools.template_tools if gen.tools is not None else None
+        return text.encode_chat(gen.messages, gen.enable_thinking, tools)
     return text.encode_text(gen.prompt)
 
 
@@ -165,8 +167,8 @@ def _engine(cfg: ServeConfig, n_ctx: int) -> EngineClient:
     engine_args += ["--state-dir", str(cfg.state_dir)] if cfg.state_dir else ["--no-persist"]
     if cfg.ram_budget_gb is not None:  # else the engine resolves COLI_RAM_GB or its default itself
         engine_args += ["--ram-budget", str(cfg.ram_budget_gb)]
-    # TOPK lines for logprobs, and batched decoding across slots
-    return EngineClient(engine_args, {**os.environ, "SERVE_TOPK": "1", "SERVE_BATCH": "1"})
+    # TOPK lines for logprobs, PERF for the stats, and batched decoding across slots
+    return EngineClient(engine_args, {**os.environ, "SERVE_TOPK": "1", "SERVE_PERF": "1", "SERVE_BATCH": "1"})
 
 
 def _hypercorn_config(cfg: ServeConfig) -> Config:

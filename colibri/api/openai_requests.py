@@ -6,6 +6,10 @@ the output: a field at null or at its default (``n: 1``, ``response_format: {"ty
 ``tools: []``...), as proxies and SDKs send them, and metadata (``user``, ``metadata``,
 ``prompt_cache_key``...). Of several refused fields the one the client needs is named: ``tools``
 before ``parallel_tool_calls``, which only modifies it.
+
+Structured outputs (``response_format``, ``structured.py``) and tools (``tools.py``) become a
+grammar the engine holds every sampled token to; the two at once are refused (one answer cannot be
+both a tool envelope and the client's schema).
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from typing import Any
 
 from colibri.api.openai_errors import bad, shown
 from colibri.api.stop import validate_stops
+from colibri.api.structured import response_format_grammar
+from colibri.api.tools import ToolPlan, history_message, parse_tools, prompt_messages, tool_grammar
 from colibri.errors import ColibriError
 from colibri.io.events import TOPK_CANDIDATES
+from colibri.model.text import ClientMarkupError
 
 # The engine's TOPK lines carry this many candidates: the most top_logprobs can give.
 MAX_TOP_LOGPROBS = TOPK_CANDIDATES
@@ -28,7 +35,7 @@ MAX_TEMPERATURE = 2.0  # OpenAI's range
 MAX_SEED = (1 << 64) - 1  # the engine's seed is a uint64
 # A request without max_tokens: at most this many, so a forgotten limit does not fill the context.
 DEFAULT_MAX_TOKENS = 1024
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")  # OpenAI's values
 MIN_TOP_P = 1e-9  # top_p must be positive (0 would keep no token at all)
 # An OpenAI body nests about 5 deep (messages[i].content[j].text); deeper is no request but a bid
@@ -41,8 +48,9 @@ MAX_INT_DIGITS = 40
 # checked as it is parsed, a Python call per integer that plain bodies need not pay.
 _LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
 
-# ``render(messages, enable_thinking) -> prompt``: the model's chat template.
-Render = Callable[[list[dict[str, str]], bool], str]
+# ``render(messages, enable_thinking[, tools]) -> prompt``: the model's chat template (tools only
+# for a template that takes them: ``ModelText.render``).
+Render = Callable[..., str]
 
 # Fields not served, accepted at null or at a value equal to their default (as if absent).
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -53,10 +61,10 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "echo": (False,),
     "suffix": ("",),
     "logit_bias": ({},),
-    "response_format": ({"type": "text"},),
     "modalities": (["text"],),
     "prediction": (),
     "verbosity": ("medium",),
+    # Served in chat; in the legacy completions, accepted where they change nothing.
     "tools": ([],),
     "functions": ([],),
     # With no tools (tools are refused before these are looked at), "none" and "auto" are the same.
@@ -86,13 +94,13 @@ _COMMON = {
 }
 # Why a field the server does not serve is refused (others: "'<name>' is not supported").
 _REFUSALS = {
-    "tools": "tools are not supported yet",
-    "tool_choice": "tools are not supported yet (tool_choice may only be 'none' or 'auto', without tools)",
-    "functions": "function calling is not supported yet",
-    "function_call": "function calling is not supported yet",
+    "tools": "tools are served in /v1/chat/completions only",
+    "tool_choice": "tools are served in /v1/chat/completions only (here tool_choice may only be "
+                   "'none' or 'auto')",
+    "functions": "the legacy 'functions' are not supported: use 'tools'",
+    "function_call": "the legacy 'function_call' is not supported: use 'tool_choice'",
     "n": "only n=1 is supported",
     "best_of": "only best_of=1 is supported",
-    "response_format": "response_format is not supported yet (only {'type': 'text'})",
     "audio": "audio is not supported",
     "modalities": "only text output is supported (modalities: ['text'])",
     "prediction": "predicted outputs are not supported",
@@ -103,8 +111,11 @@ _REFUSALS = {
     "presence_penalty": "penalties are not supported",
     "frequency_penalty": "penalties are not supported",
 }
-CHAT_FIELDS = _COMMON | _HARMLESS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
-COMPLETION_FIELDS = _COMMON | _HARMLESS | {"prompt", "logprobs"}
+CHAT_FIELDS = _COMMON | _HARMLESS | {
+    "messages", "max_completion_tokens", "logprobs", "top_logprobs",
+    "tools", "tool_choice", "parallel_tool_calls", "response_format",
+}
+COMPLETION_FIELDS = _COMMON | _HARMLESS | {"prompt", "logprobs", "response_format"}
 
 
 @dataclass
@@ -123,8 +134,12 @@ class Generation:
     logprobs: bool
     top_logprobs: int
     cache_slot: int | None
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
     enable_thinking: bool = False
+    # What every sampled token must match (``structured.py``'s grammar contract); None: free text.
+    grammar: str | None = None
+    # The offered tools: the answer's text goes through ``tools.split_output`` with it.
+    tools: ToolPlan | None = None
     # The prompt's token ids, set by the server after parsing (model/text.py's trust rule: client
     # text never becomes a control token); empty, the engine tokenizes ``prompt`` itself.
     prompt_ids: tuple[int, ...] = ()
@@ -204,7 +219,7 @@ def _text_content(content: Any, where: str) -> str:
 
 
 def _common(
-    body: dict, kind: str, prompt: str, n_ctx: int, n_slots: int, messages: list[dict[str, str]] | None = None
+    body: dict, kind: str, prompt: str, n_ctx: int, n_slots: int, messages: list[dict[str, Any]] | None = None
 ) -> Generation:
     max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _integer(body, max_name, 1, n_ctx)
@@ -260,12 +275,8 @@ def thinking(body: dict) -> bool:
     return bool(flag) or (effort is not None and effort != "none")
 
 
-def parse_chat(body: Any, render: Render, n_ctx: int, n_slots: int) -> Generation:
-    """``render(messages, enable_thinking) -> prompt`` is the model's chat template."""
-    if not isinstance(body, dict):
-        raise bad("", "the request body must be a JSON object")
-    _check_fields(body, CHAT_FIELDS)
-    messages = body.get("messages")
+def _chat_messages(messages: Any) -> list[dict[str, Any]]:
+    """The client's messages, checked, with text content (``tools.history_message``)."""
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "'messages' must be a non-empty list")
     clean = []
@@ -273,24 +284,57 @@ def parse_chat(body: Any, render: Render, n_ctx: int, n_slots: int) -> Generatio
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad(where, "each message must be an object")
+        if m.get("function_call"):
+            raise bad(where, "the legacy 'function_call' is not supported: use 'tool_calls'")
         role = m.get("role")
-        if role == "tool" or m.get("tool_calls") or m.get("function_call"):
-            raise bad(where, "tool messages are not supported")
         if role not in CHAT_ROLES:
             raise bad(f"{where}.role", f"unknown role {shown(role)}")
-        clean.append(
-            {
-                "role": "system" if role == "developer" else role,
-                "content": _text_content(m.get("content"), f"{where}.content"),
-            }
-        )
+        clean.append(history_message(i, m, role, _text_content(m.get("content"), f"{where}.content")))
+    return clean
+
+
+def _grammar(body: dict, plan: ToolPlan | None) -> str | None:
+    structured = response_format_grammar(body.get("response_format"))
+    if plan is None:
+        return structured
+    if structured is not None:
+        raise bad("response_format", "'response_format' cannot be combined with 'tools': the answer is "
+                                     "either a tool call envelope or your schema, not both (send one, "
+                                     "or tool_choice 'none')")
+    return tool_grammar(plan)
+
+
+def _template_uses_tools(render: Render) -> bool:
+    """Whether ``render``'s template renders tools itself: asked of its ModelText when it is one's
+    bound ``render`` (the server's), else no (a test's stand-in)."""
+    return bool(getattr(getattr(render, "__self__", None), "template_uses_tools", False))
+
+
+def parse_chat(
+    body: Any, render: Render, n_ctx: int, n_slots: int, template_tools: bool | None = None
+) -> Generation:
+    """``render(messages, enable_thinking[, tools]) -> prompt`` is the model's chat template;
+    ``template_tools``: whether it renders tools itself (None: ``_template_uses_tools``)."""
+    if not isinstance(body, dict):
+        raise bad("", "the request body must be a JSON object")
+    _check_fields(body, CHAT_FIELDS)
+    clean = _chat_messages(body.get("messages"))
+    if template_tools is None:
+        template_tools = _template_uses_tools(render)
+    plan = parse_tools(body, template_tools)
+    grammar = _grammar(body, plan)
+    style = plan.style if plan is not None else ("template" if template_tools else "generic")
+    clean = prompt_messages(clean, plan, style)
     think = thinking(body)
+    offered = plan.template_tools if plan is not None else None
     try:
-        prompt = render(clean, think)
+        prompt = render(clean, think) if offered is None else render(clean, think, offered)
+    except ClientMarkupError as e:  # the trust rule: a tool's text would be markup
+        raise bad(e.field, str(e)) from None
     except ColibriError as e:  # the template's raise_exception: these messages are not its shape
         raise bad("messages", str(e)) from None
     gen = _common(body, "chat", prompt, n_ctx, n_slots, clean)
-    gen.enable_thinking = think
+    gen.enable_thinking, gen.grammar, gen.tools = think, grammar, plan
     return gen
 
 
@@ -308,7 +352,9 @@ def parse_completion(body: Any, n_ctx: int, n_slots: int) -> Generation:
         raise bad("prompt", "'prompt' must not be empty")
     _utf8(prompt, "prompt")
     thinking(body)
-    return _common(body, "completion", prompt, n_ctx, n_slots)
+    gen = _common(body, "completion", prompt, n_ctx, n_slots)
+    gen.grammar = response_format_grammar(body.get("response_format"))
+    return gen
 
 
 def _parse_int(digits: str) -> int:

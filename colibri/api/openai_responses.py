@@ -121,14 +121,17 @@ class Envelope:
         role: bool = False,
         finish: str | None = None,
         logprobs: dict[str, Any] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """A stream chunk: the role (chat, first), a piece of text, or the finish reason."""
+        """A stream chunk: the role (chat, first), a piece of text, tool calls, or the finish."""
         if self.gen.kind == "chat":
             delta: dict[str, Any] = {}
             if role:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if tool_calls:  # whole calls in one delta, each with its index (what SDKs reassemble by)
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tool_calls)]
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
@@ -157,20 +160,20 @@ class Envelope:
 
     def final(
         self,
-        text: str,
+        text: str | None,
         finish: str,
         use: dict[str, int],
         logprobs: dict[str, Any] | None,
         extra: dict[str, Any],
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """The whole answer of a request that did not stream; ``extra``: colibri's own fields."""
+        """The whole answer of a request that did not stream; ``extra``: colibri's own fields.
+        With ``tool_calls``, ``text`` may be None (OpenAI's content of a message that only calls)."""
         if self.gen.kind == "chat":
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": logprobs,
-                "finish_reason": finish,
-            }
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}

@@ -13,7 +13,7 @@ import trio
 from quart import Blueprint, Response, current_app, request
 
 from colibri import __version__
-from colibri.api import completion, openai_errors, openai_responses
+from colibri.api import completion, openai_errors, openai_responses, responses_api
 from colibri.api.metrics import CONTENT_TYPE
 from colibri.api.openai_errors import ApiError
 from colibri.api.openai_requests import Generation, parse_chat, parse_completion, parse_json
@@ -22,7 +22,9 @@ from colibri.api.static import StaticSite
 
 blueprint = Blueprint("colibri", __name__)
 
-ENDPOINTS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}  # the metrics' label
+ENDPOINTS = {  # the metrics' label
+    "chat": "/v1/chat/completions", "completion": "/v1/completions", "responses": "/v1/responses",
+}
 QUEUE_WAIT_HEADER = "x-colibri-queue-wait-ms"
 SITE_EXTENSION = "colibri.site"  # the web page's files, in ``app.extensions``
 
@@ -127,21 +129,30 @@ async def completions() -> Response:
     return await _generate("completion")
 
 
-async def _parse(state: ServerState, kind: str) -> Generation:
+async def _body(state: ServerState) -> Any:
+    """The request's JSON body, once the server can serve a generation at all."""
     if state.draining:
         raise openai_errors.draining()
     if not state.engine.ready:
         raise openai_errors.engine_not_ready(state.engine.reason)
-    body = parse_json(await request.get_data(cache=False))
+    return parse_json(await request.get_data(cache=False))
+
+
+async def _tokenize(state: ServerState, gen: Generation, where: str) -> None:
+    """The prompt's ids, checked against the context before admission (and any header)."""
+    if state.encode is not None:  # off the event loop: a prompt may be megabytes of text
+        gen.prompt_ids = tuple(await trio.to_thread.run_sync(state.encode, gen))
+        if len(gen.prompt_ids) > state.n_ctx:
+            raise openai_errors.context_length_exceeded(len(gen.prompt_ids), state.n_ctx, where)
+
+
+async def _parse(state: ServerState, kind: str) -> Generation:
+    body = await _body(state)
     if kind == "chat":
         gen = parse_chat(body, state.render, state.n_ctx, state.n_slots)
     else:
         gen = parse_completion(body, state.n_ctx, state.n_slots)
-    if state.encode is not None:  # off the event loop: a prompt may be megabytes of text
-        gen.prompt_ids = tuple(await trio.to_thread.run_sync(state.encode, gen))
-        if len(gen.prompt_ids) > state.n_ctx:
-            where = "messages" if kind == "chat" else "prompt"
-            raise openai_errors.context_length_exceeded(len(gen.prompt_ids), state.n_ctx, where)
+    await _tokenize(state, gen, "messages" if kind == "chat" else "prompt")
     return gen
 
 
@@ -162,6 +173,33 @@ async def _generate(kind: str) -> Response:
         )
     try:
         result = await completion.answer_json(state, gen, lease)
+    except ApiError as e:
+        state.metrics.requests.inc(endpoint=endpoint, status=str(e.status))
+        return error_response(e)
+    state.metrics.requests.inc(endpoint=endpoint, status="200")
+    return json_response(result, headers=headers)
+
+
+@blueprint.post("/v1/responses")
+async def responses() -> Response:
+    """OpenAI's Responses API, translated onto the chat path (``responses_api``)."""
+    state, endpoint = server_state(), ENDPOINTS["responses"]
+    try:
+        req = responses_api.parse(await _body(state), state.render, state.n_ctx, state.n_slots)
+        await _tokenize(state, req.gen, "input")
+        lease = await completion.admit(state, req.gen)
+    except ApiError as e:
+        state.metrics.requests.inc(endpoint=endpoint, status=str(e.status))
+        return error_response(e)
+    headers = {QUEUE_WAIT_HEADER: str(int(lease.waited * 1000))}
+    if req.gen.stream:
+        return Response(
+            responses_api.answer_sse(state, req, lease, endpoint),
+            mimetype=openai_responses.SSE_MIMETYPE,
+            headers={**headers, **openai_responses.SSE_HEADERS},
+        )
+    try:
+        result = await responses_api.answer_json(state, req, lease)
     except ApiError as e:
         state.metrics.requests.inc(endpoint=endpoint, status=str(e.status))
         return error_response(e)

@@ -6,10 +6,11 @@ reaching Python internals or mutating what they are given.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from colibri.errors import ColibriError
@@ -26,6 +27,14 @@ class ChatTemplateError(ColibriError):
     pass
 
 
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """transformers' ``tojson``: the tools' JSON as the model was trained on it (jinja's own sorts
+    the keys and escapes ``<`` as ``\\u003c``, for HTML)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
 def _raise_exception(message: str) -> None:
     raise ChatTemplateError(f"chat template: {message}")
 
@@ -34,9 +43,13 @@ class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "") -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_exception
+        env.filters["tojson"] = _tojson
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self.source = source or DEFAULT_TEMPLATE
         try:
-            self._template = env.from_string(source or DEFAULT_TEMPLATE)
+            self._template = env.from_string(self.source)
+            # Whether the template reads ``tools`` (as transformers passes them): its own tool format.
+            self.takes_tools = "tools" in meta.find_undeclared_variables(env.parse(self.source))
         except TemplateError as e:
             raise ChatTemplateError(f"chat template does not parse: {e}") from None
         self._tokens = {"bos_token": bos_token, "eos_token": eos_token}

@@ -7,25 +7,38 @@ The trust rule: text from a client is data. ``encode_chat`` renders the template
 place of each message's content, so it knows which spans of the prompt are the template's markup
 (tokenized with special tokens recognised) and which are client text (tokenized as plain text:
 ``<|im_end|>`` typed by a user is ten characters, never the end of a turn). A boundary between
-markup and client text is also a token boundary.
+markup and client text is also a token boundary. What a template renders of a client's tools and
+tool calls (names, descriptions, schemas, arguments) is markup too, so ``render`` refuses any of it
+that holds a control token's text (``ClientMarkupError``, the server's 400).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from functools import cached_property
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from colibri.errors import ColibriError
 from colibri.model.chat import ChatTemplate
-from colibri.model.tokenizer import GGUFTokenizer
+from colibri.model.tokenizer import TOKEN_CONTROL, TOKEN_USER_DEFINED, GGUFTokenizer
 from colibri.store.gguf import GGUFFile
 
 
 class Segment(NamedTuple):
     text: str
     markup: bool  # the template's own text (special tokens recognised), else a client's (plain)
+
+
+class ClientMarkupError(ColibriError):
+    """A client's text that the template would render as markup holds a control token's text."""
+
+    def __init__(self, field: str, token: str) -> None:
+        super().__init__(f"{field} holds {token!r}, a control token of this model's vocabulary: "
+                         "rendered by the chat template it would be markup, not data")
+        self.field = field
 
 
 class ModelText:
@@ -57,22 +70,58 @@ class ModelText:
         eos = tok.tokens[tok.eos_id] if tok.eos_id is not None else ""
         return ChatTemplate(self.gguf.get("tokenizer.chat_template"), bos, eos)
 
-    def render(self, messages: list[dict[str, Any]], enable_thinking: bool = False) -> str:
-        """The prompt for ``messages``, ending with the assistant's turn opened."""
-        return self.chat_template.render(messages, enable_thinking=enable_thinking)
+    @property
+    def template_uses_tools(self) -> bool:
+        """The template renders ``tools`` itself and writes Hermes/Qwen ``<tool_call>`` markers,
+        the ones the server parses back; other templates get the server's generic tool format."""
+        template = self.chat_template
+        return template.takes_tools and "<tool_call>" in template.source
+
+    @cached_property
+    def _control_texts(self) -> tuple[str, ...]:
+        tok = self.tokenizer
+        kept_whole = (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+        return tuple(t for t, ty in zip(tok.tokens, tok.types, strict=True) if ty in kept_whole and t)
+
+    def _check_data(self, field: str, value: Any) -> None:
+        """The trust rule for what the template renders as markup: no control token's text."""
+        text = json.dumps(value, ensure_ascii=False)
+        for token in self._control_texts:
+            if token in text:
+                raise ClientMarkupError(field, token)
+
+    def render(
+        self, messages: list[dict[str, Any]], enable_thinking: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The prompt for ``messages`` (and ``tools``, for a template that takes them), ending
+        with the assistant's turn opened."""
+        for i, m in enumerate(messages):
+            extra = {k: v for k, v in m.items() if k not in ("role", "content")}
+            if extra:
+                self._check_data(f"messages[{i}]", extra)
+        if tools is None:
+            return self.chat_template.render(messages, enable_thinking=enable_thinking)
+        self._check_data("tools", tools)
+        return self.chat_template.render(messages, enable_thinking=enable_thinking, tools=tools)
 
     def count_tokens(self, prompt: str) -> int:
         """Tokens of a rendered prompt, as the engine will count them (special tokens parsed)."""
         return len(self.tokenizer.encode(prompt, special=True))
 
-    def render_segments(self, messages: list[dict[str, Any]], enable_thinking: bool = False) -> list[Segment]:
+    def render_segments(
+        self, messages: list[dict[str, Any]], enable_thinking: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[Segment]:
         """The prompt for ``messages`` as markup and client-text spans, in order. A template that
         transforms a message's content (strips part of it, say) sees the sentinel instead: the
-        content then goes in whole, as data, where the sentinel came out."""
+        content then goes in whole, as data, where the sentinel came out. Empty content stays
+        empty (a template tests it: an assistant turn of tool calls only)."""
         nonce = uuid.uuid4().hex
         sentinel = re.compile(f"\x00{nonce}:([0-9]+)\x00")
-        masked = [{**m, "content": f"\x00{nonce}:{i}\x00"} for i, m in enumerate(messages)]
-        rendered = self.render(masked, enable_thinking)
+        masked = [{**m, "content": f"\x00{nonce}:{i}\x00"} if m.get("content") else m
+                  for i, m in enumerate(messages)]
+        rendered = self.render(masked, enable_thinking, tools)
         segments, at = [], 0
         for match in sentinel.finditer(rendered):
             segments.append(Segment(rendered[at : match.start()], True))
@@ -81,11 +130,14 @@ class ModelText:
         segments.append(Segment(rendered[at:], True))
         return [seg for seg in segments if seg.text]
 
-    def encode_chat(self, messages: list[dict[str, Any]], enable_thinking: bool = False) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, Any]], enable_thinking: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """Token ids of the chat prompt: the template's markup may hold control tokens, the
         messages' content never does."""
         tok = self.tokenizer
-        return [t for seg in self.render_segments(messages, enable_thinking)
+        return [t for seg in self.render_segments(messages, enable_thinking, tools)
                 for t in tok.encode(seg.text, special=seg.markup)]
 
     def encode_text(self, text: str) -> list[int]:

@@ -1,0 +1,376 @@
+"""OpenAI's Responses API (``POST /v1/responses``) over the chat path, for its text and tool subset.
+
+A Responses body is translated into a chat-completions body (``input`` items -> ``messages``,
+flat function tools -> chat tools, ``text.format`` -> ``response_format``, ``max_output_tokens`` ->
+``max_tokens``) and parsed by ``parse_chat``, so both endpoints share one validation, one
+template and one generation; an error ``parse_chat`` raises is renamed to the Responses field the
+client sent. The answer is shaped by ``responses_shapes``. The server stores nothing: what needs a
+stored response (``previous_response_id``, ``conversation``, ``background``) is a 400 saying so,
+as are the built-in tools and every other field colibri does not serve.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from colibri.api import completion, openai_errors
+from colibri.api.admission import SlotLease
+from colibri.api.generation import ContextExceeded, GenerationFailed, GenerationRun
+from colibri.api.openai_errors import ApiError, bad, shown
+from colibri.api.openai_requests import Generation, Render, parse_chat
+from colibri.api.responses_shapes import Answer, EventStream, ResponseEnvelope, new_id, usage
+from colibri.api.server_state import ServerState
+from colibri.api.tools import split_output
+
+INPUT_ROLES = ("user", "system", "developer", "assistant")
+TEXT_PARTS = ("input_text", "output_text", "text")  # a message's text, as sent or as replayed
+# Copied to the chat body as they are: the same name and meaning on both endpoints (``seed`` and
+# ``cache_slot`` are colibri's extensions, as on chat completions).
+_SAME = ("temperature", "top_p", "stream", "parallel_tool_calls", "seed", "cache_slot")
+# Accepted with any value and no effect on the output.
+_HARMLESS = {"model", "metadata", "user", "store", "service_tier", "prompt_cache_key",
+             "prompt_cache_retention", "safety_identifier", "stream_options"}
+_SERVED = {"input", "instructions", "max_output_tokens", "tools", "tool_choice", "text", "reasoning",
+           *_SAME}
+_STORED = "colibri does not store responses"
+# Refused unless null or at their default (as if absent); why, for the error message.
+_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "previous_response_id": ((), f"{_STORED}: send the whole conversation in 'input'"),
+    "conversation": ((), f"{_STORED} or conversations: send the whole conversation in 'input'"),
+    "background": ((False,), f"background responses are not supported ({_STORED})"),
+    "prompt": ((), "stored prompt templates are not supported: send 'instructions' and 'input'"),
+    "include": (([],), "'include' is not supported: no stored or extra output to include"),
+    "truncation": (("disabled",), "only truncation 'disabled' is supported: an input over the "
+                                  "context is a 400"),
+    "max_tool_calls": ((), "'max_tool_calls' is not supported"),
+    "top_logprobs": ((0,), "logprobs are not supported on /v1/responses (use /v1/chat/completions)"),
+}
+# parse_chat's names for what the client called otherwise here.
+_RENAMED = {"max_tokens": "max_output_tokens", "response_format": "text.format",
+            "reasoning_effort": "reasoning.effort"}
+_MESSAGE_PARAM = re.compile(r"^messages\[(\d+)\]")
+
+
+@dataclass
+class ResponsesRequest:
+    """A valid Responses request: the chat generation, and what the response object repeats."""
+
+    gen: Generation
+    echo: dict[str, Any]
+
+    @property
+    def parse_tools(self) -> bool:
+        """Tools are offered (not ``tool_choice: "none"``): the answer may hold calls, so it is
+        parsed whole, after generation, and only then streamed."""
+        return self.gen.tools is not None
+
+
+# ----------------------------------------------------------------------------- the request
+
+
+def _is_default(value: Any, defaults: tuple[Any, ...]) -> bool:
+    return value is None or any(
+        value == d and isinstance(value, bool) == isinstance(d, bool) for d in defaults
+    )
+
+
+def _check_fields(body: dict[str, Any]) -> None:
+    for name, value in body.items():
+        if name in _SERVED or name in _HARMLESS:
+            continue
+        if name in _REFUSED:
+            defaults, why = _REFUSED[name]
+            if _is_default(value, defaults):
+                continue
+            raise bad(name, why)
+        raise bad(name, f"{shown(name)} is not supported on /v1/responses")
+
+
+def _text(content: Any, where: str) -> str:
+    """A message's text: a string, or text parts (``input_text`` / ``output_text``) joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad(where, "content must be a string or a list of text parts")
+    parts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise bad(f"{where}[{j}]", f"only text content is supported, not {shown(kind)}")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _string(item: dict[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise bad(f"{where}.{key}", f"'{key}' must be a string")
+    return value
+
+
+def _item_message(item: Any, where: str, messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """One input item as a chat message; None when it joined the previous one (a function call
+    after an assistant message, or after another call: one assistant turn with its calls)."""
+    if not isinstance(item, dict):
+        raise bad(where, "each input item must be an object")
+    kind = item.get("type", "message")
+    if kind == "message":
+        role = item.get("role")
+        if role not in INPUT_ROLES:
+            raise bad(f"{where}.role", f"unknown role {shown(role)}")
+        return {"role": role, "content": _text(item.get("content"), f"{where}.content")}
+    if kind == "function_call":
+        call = {"id": _string(item, "call_id", where), "type": "function",
+                "function": {"name": _string(item, "name", where),
+                             "arguments": _string(item, "arguments", where)}}
+        last = messages[-1] if messages else None
+        if last is not None and last["role"] == "assistant":
+            last.setdefault("tool_calls", []).append(call)
+            return None
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+    if kind == "function_call_output":
+        return {"role": "tool", "tool_call_id": _string(item, "call_id", where),
+                "content": _text(item.get("output"), f"{where}.output")}
+    if kind == "item_reference":
+        raise bad(where, f"{_STORED}: an item_reference cannot be resolved; send the item itself")
+    raise bad(f"{where}.type", f"input items of type {shown(kind)} are not supported")
+
+
+def input_messages(instructions: Any, input_: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """The chat messages, and for each the Responses field it came from (to name it in errors)."""
+    messages: list[dict[str, Any]] = []
+    origins: list[str] = []
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise bad("instructions", "'instructions' must be a string")
+        messages.append({"role": "system", "content": instructions})
+        origins.append("instructions")
+    if isinstance(input_, str):
+        return [*messages, {"role": "user", "content": input_}], [*origins, "input"]
+    if not isinstance(input_, list) or not input_:
+        raise bad("input", "'input' must be a string or a non-empty list of items")
+    for i, item in enumerate(input_):
+        message = _item_message(item, f"input[{i}]", messages)
+        if message is not None:
+            messages.append(message)
+            origins.append(f"input[{i}]")
+    return messages, origins
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]]:
+    """Flat function tools -> chat tools; a built-in tool (web_search, file_search...) is a 400."""
+    if not isinstance(tools, list):
+        raise bad("tools", "'tools' must be a list")
+    out = []
+    for i, tool in enumerate(tools):
+        kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+        if kind != "function":
+            raise bad(f"tools[{i}].type", f"the tool type {shown(kind)} is not supported: colibri "
+                                          "serves function tools only (no built-in tools)")
+        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    """"auto" / "none" / "required" as they are; ``{"type": "function", "name"}`` in chat's shape."""
+    if isinstance(choice, str) or choice is None:
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise bad("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or "
+                             "{'type': 'function', 'name': ...}")
+
+
+def response_format(text: Any) -> tuple[dict[str, Any] | None, Any]:
+    """``text.format`` as chat's ``response_format`` (None: plain text), and ``text.verbosity``."""
+    if text is None:
+        return None, None
+    if not isinstance(text, dict) or set(text) - {"format", "verbosity"}:
+        raise bad("text", "'text' may only hold 'format' and 'verbosity'")
+    fmt = text.get("format")
+    if fmt is None or fmt == {"type": "text"}:
+        return None, text.get("verbosity")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_object":
+        return {"type": "json_object"}, text.get("verbosity")
+    if kind == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if fmt.get(k) is not None}
+        return {"type": "json_schema", "json_schema": schema}, text.get("verbosity")
+    raise bad("text.format", "'text.format' must be of type 'text', 'json_object' or 'json_schema'")
+
+
+def reasoning_effort(reasoning: Any) -> str | None:
+    if reasoning is None:
+        return None
+    if not isinstance(reasoning, dict):
+        raise bad("reasoning", "'reasoning' must be an object")
+    for name in set(reasoning) - {"effort"}:
+        if reasoning[name] is not None:
+            raise bad(f"reasoning.{name}", f"'reasoning.{name}' is not supported (no reasoning "
+                                           "summaries or items: thinking stays in the text)")
+    return reasoning.get("effort")
+
+
+def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The chat-completions body of a Responses body, and each message's origin (for errors)."""
+    messages, origins = input_messages(body.get("instructions"), body.get("input"))
+    chat: dict[str, Any] = {"messages": messages}
+    chat.update({k: body[k] for k in _SAME if body.get(k) is not None})
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    if body.get("tools"):
+        chat["tools"] = chat_tools(body["tools"])
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = chat_tool_choice(body["tool_choice"])
+    fmt, verbosity = response_format(body.get("text"))
+    chat.update({k: v for k, v in (("response_format", fmt), ("verbosity", verbosity)) if v is not None})
+    effort = reasoning_effort(body.get("reasoning"))
+    if effort is not None:
+        chat["reasoning_effort"] = effort
+    return chat, origins
+
+
+def renamed(err: ApiError, origins: list[str]) -> ApiError:
+    """``parse_chat``'s error, naming the Responses field: ``messages[k]`` -> where message k
+    came from, ``max_tokens`` -> ``max_output_tokens``... (in the message's quotes too)."""
+    param = err.param or ""
+    m = _MESSAGE_PARAM.match(param)
+    if m and int(m[1]) < len(origins):
+        new = origins[int(m[1])] + param[m.end():]
+    elif param == "messages":
+        new = "input"
+    else:
+        new = _RENAMED.get(param, param)
+    message = err.message.replace(f"'{param}'", f"'{new}'") if param else err.message
+    if new.startswith("tools"):  # chat nests a tool's fields in "function"; here they are flat
+        message = message.replace(".function.", ".").replace(".function'", "'")
+    return ApiError(err.status, message, new if param else err.param, err.type, err.code)
+
+
+def echo(body: dict[str, Any], gen: Generation) -> dict[str, Any]:
+    """The request fields the response object repeats, with their defaults filled in."""
+    text = body.get("text") or {}
+    return {
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "metadata": body.get("metadata") or {},
+        "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
+        "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
+        "temperature": gen.temperature,
+        "text": {"format": text.get("format") or {"type": "text"}},
+        "tool_choice": body.get("tool_choice") or "auto",
+        "tools": body.get("tools") or [],
+        "top_p": gen.top_p,
+        "user": body.get("user"),
+    }
+
+
+def parse(body: Any, render: Render, n_ctx: int, n_slots: int) -> ResponsesRequest:
+    """A Responses body -> a ``ResponsesRequest``, or an ``ApiError`` naming the Responses field."""
+    if not isinstance(body, dict):
+        raise bad("", "the request body must be a JSON object")
+    _check_fields(body)
+    chat, origins = to_chat(body)
+    try:
+        gen = parse_chat(chat, render, n_ctx, n_slots)
+    except ApiError as e:
+        raise renamed(e, origins) from None
+    return ResponsesRequest(gen, echo(body, gen))
+
+
+# ----------------------------------------------------------------------------- the answer
+
+
+def split_answer(text: str, req: ResponsesRequest) -> tuple[str | None, list[dict[str, Any]]]:
+    """The answer's message text (None: none) and its chat-shaped tool calls."""
+    return split_output(text, req.gen.tools)  # the model's markers, or the generic JSON envelope
+
+
+def as_api_error(e: GenerationFailed, gen: Generation) -> ApiError:
+    if isinstance(e, ContextExceeded):
+        return openai_errors.context_length_exceeded(e.used, e.limit, "input")
+    return completion.as_api_error(e, gen)
+
+
+def answer_of(run: GenerationRun, text: str | None, calls: list[dict[str, Any]], **ids: Any) -> Answer:
+    """The finished answer; the usage is counted into the metrics here, once."""
+    cached = run.perf.reused_tokens if run.perf else 0
+    return Answer(text, calls, run.finish == "length", usage(*run.record_usage(), cached), run.stats(), **ids)
+
+
+async def answer_json(state: ServerState, req: ResponsesRequest, lease: SlotLease) -> dict[str, Any]:
+    """The whole response of a request that does not stream; the slot is released on return."""
+    async with lease:
+        run, _ = completion.start(state, req.gen, lease)
+        try:
+            text = "".join([piece.text async for piece in run.pieces()])
+        except GenerationFailed as e:
+            raise as_api_error(e, req.gen) from None
+        state.counters["completed"] += 1
+        content, calls = split_answer(text, req)
+        return ResponseEnvelope(state.model_id, req.echo).final(answer_of(run, content, calls))
+
+
+async def answer_sse(
+    state: ServerState, req: ResponsesRequest, lease: SlotLease, endpoint: str
+) -> AsyncIterator[bytes]:
+    """The SSE events of a streamed response; owns the lease from here on."""
+    frames = _frames(state, req, lease)
+    try:
+        async for frame in frames:
+            yield frame
+    finally:
+        with trio.CancelScope(shield=True):
+            await frames.aclose()  # ends the request in the engine before the slot is freed
+            await lease.release()
+        state.metrics.requests.inc(endpoint=endpoint, status="200")
+
+
+async def _frames(state: ServerState, req: ResponsesRequest, lease: SlotLease) -> AsyncIterator[bytes]:
+    """The events proper: text deltas as they come; with tools, the items once the answer is
+    whole. Completed once the last event is out, cancelled if the client leaves first."""
+    run, _ = completion.start(state, req.gen, lease)
+    events = EventStream(ResponseEnvelope(state.model_id, req.echo))
+    pieces = run.pieces()
+    try:
+        for frame in events.opening():
+            yield frame
+        if req.parse_tools:  # a tool call is known only once the answer is whole
+            answer = answer_of(run, *split_answer("".join([p.text async for p in pieces]), req))
+            tail = [] if answer.text is None else _message_frames(events, answer)
+        else:
+            item_id, parts = new_id("msg"), []
+            for frame in events.message_start(0, item_id):
+                yield frame
+            async for piece in pieces:
+                if piece.text:
+                    parts.append(piece.text)
+                    yield events.text_delta(0, item_id, piece.text)
+            answer = answer_of(run, "".join(parts), [], message_id=item_id)
+            tail = events.message_end(0, item_id, "".join(parts), answer.status)
+        for frame in tail + events.calls(answer, first_index=int(answer.text is not None)):
+            yield frame
+        yield events.closing(answer)
+        state.counters["completed"] += 1
+    except GenerationFailed as e:  # after the headers: the error travels as events
+        for frame in events.failed(as_api_error(e, req.gen)):
+            yield frame
+    except (trio.Cancelled, GeneratorExit):
+        state.counters["cancelled"] += 1  # the client went away
+        raise
+    finally:
+        with trio.CancelScope(shield=True):
+            await pieces.aclose()
+
+
+def _message_frames(events: EventStream, answer: Answer) -> list[bytes]:
+    """A message known whole (a tool-enabled answer): its events at once, the text in one delta."""
+    text, item_id = answer.text or "", answer.message_id
+    delta = [events.text_delta(0, item_id, text)] if text else []
+    return events.message_start(0, item_id) + delta + events.message_end(0, item_id, text, answer.status)
