@@ -72,6 +72,28 @@ def test_json_schema_holds_the_output_to_it(accepts):
     assert not accepts(grammar, '{"name": "Ada", "age": 36, "x": 1}')
 
 
+def test_listed_properties_close_an_object_unless_it_says_otherwise(accepts):
+    """No ``additionalProperties``: only the listed keys (``structured.closed``), at every depth,
+    through ``$defs`` and ``anyOf``; ``true``, a schema or ``patternProperties`` keep it open; a
+    property named ``properties`` is a name, and ``{"type": "object"}`` alone stays any object."""
+    inner = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    schema = {"type": "object", "properties": {"a": {"$ref": "#/$defs/inner"},
+                                               "properties": {"anyOf": [inner, {"type": "null"}]}},
+              "$defs": {"inner": inner}}
+    grammar = response_format_grammar({"type": "json_schema", "json_schema": {"schema": schema}})
+    assert accepts(grammar, '{"a": {"x": 1}, "properties": {"x": 2}}')
+    assert not accepts(grammar, '{"a": {"x": 1}, "b": 2}')
+    assert not accepts(grammar, '{"a": {"x": 1, "y": 2}}')
+    assert not accepts(grammar, '{"properties": {"x": 1, "y": 2}}')
+    for open_ in ({"additionalProperties": True}, {"additionalProperties": {"type": "integer"}},
+                  {"patternProperties": {"^y": {"type": "integer"}}}):
+        grammar = response_format_grammar({"type": "json_schema", "json_schema": {"schema": {
+            "type": "object", "properties": {"x": {"type": "integer"}}, **open_}}})
+        assert accepts(grammar, '{"x": 1, "y": 2}'), open_
+    assert accepts(response_format_grammar({"type": "json_schema", "json_schema": {"schema": {
+        "type": "object"}}}), '{"y": 2}')
+
+
 def test_json_schema_without_schema_is_any_object(accepts):
     grammar = response_format_grammar({"type": "json_schema", "json_schema": {"name": "x"}})
     assert accepts(grammar, '{"k": "v"}') and not accepts(grammar, '"v"')
@@ -125,4 +147,4 @@ def test_tools_and_a_json_response_format_at_once_is_400_naming_response_format(
     assert gen.grammar is not None and gen.tools is None
     # text with tools: the tools' grammar
     gen = parse_chat({**body, "response_format": {"type": "text"}}, lambda m, t: "p", 64, 1)
-    assert gen.tools is not None and gen.grammar is not None and "tool_calls" in gen.grammar
+    assert gen.tools is not None and gen.grammar is not None and '"tool_call"' in gen.grammar

@@ -109,7 +109,8 @@ def test_no_tools_offered(body):
 def test_the_plan():
     p = plan()
     assert (p.names, p.choice, p.forced, p.parallel, p.style) == (("get_weather", "get_time"), "auto", None,
-                                                                   True, "generic")
+                                                                   False, "generic")
+    assert plan(parallel_tool_calls=True).parallel and not plan(parallel_tool_calls=None).parallel
     assert p.template_tools is None
     p = plan(tool_choice={"type": "function", "function": {"name": "get_time"}}, parallel_tool_calls=False)
     assert (p.choice, p.forced, p.parallel) == ("function", "get_time", False)
@@ -152,7 +153,7 @@ def test_bad_tools_are_400_by_name(body, field):
 
 
 def test_auto_allows_calls_and_answers(accepts):
-    g = tool_grammar(plan())
+    g = tool_grammar(plan(parallel_tool_calls=True))
     assert accepts(g, '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}')
     assert accepts(g, '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
                       '{"name": "get_time", "arguments": {}}]}')
@@ -166,23 +167,25 @@ def test_auto_allows_calls_and_answers(accepts):
 
 def test_required_only_calls_and_named_only_that_one(accepts):
     g = tool_grammar(plan(tool_choice="required"))
-    assert accepts(g, '{"tool_calls": [{"name": "get_time", "arguments": {}}]}')
+    assert accepts(g, '{"tool_call": {"name": "get_time", "arguments": {}}}')
     assert not accepts(g, '{"response": "Hello!"}')
     g = tool_grammar(plan(tool_choice={"type": "function", "function": {"name": "get_weather"}}))
-    assert accepts(g, '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]}')
-    assert not accepts(g, '{"tool_calls": [{"name": "get_time", "arguments": {}}]}')
+    assert accepts(g, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}')
+    assert not accepts(g, '{"tool_call": {"name": "get_time", "arguments": {}}}')
 
 
-def test_not_parallel_is_one_call(accepts):
-    g = tool_grammar(plan(parallel_tool_calls=False))
+@pytest.mark.parametrize("parallel", [False, None])
+def test_not_parallel_is_one_call(accepts, parallel):
+    """False or absent (module docstring of ``tools``): exactly one call."""
+    g = tool_grammar(plan(parallel_tool_calls=parallel))
     assert accepts(g, '{"tool_call": {"name": "get_time", "arguments": {}}}')
     assert not accepts(g, '{"tool_calls": [{"name": "get_time", "arguments": {}}]}')
 
 
 def test_a_schemas_own_refs_still_resolve(accepts):
     g = tool_grammar(parse_tools({"tools": [WEATHER, NESTED], "tool_choice": "required"}))
-    assert accepts(g, '{"tool_calls": [{"name": "book", "arguments": {"room": {"beds": 2}}}]}')
-    assert not accepts(g, '{"tool_calls": [{"name": "book", "arguments": {"room": {"beds": "2"}}}]}')
+    assert accepts(g, '{"tool_call": {"name": "book", "arguments": {"room": {"beds": 2}}}}')
+    assert not accepts(g, '{"tool_call": {"name": "book", "arguments": {"room": {"beds": "2"}}}}')
 
 
 def test_template_style_auto_is_unconstrained():
@@ -243,7 +246,7 @@ def test_generic_history_is_re_expressed(smol):
     assert m[0]["role"] == "system" and m[0]["content"].startswith("Be brief.\n\n")
     assert '"get_weather"' in m[0]["content"] and '{"response": ' in m[0]["content"]
     call = {"name": "get_weather", "arguments": {"city": "Paris"}}
-    assert json.loads(m[2]["content"]) == {"tool_calls": [call]}
+    assert json.loads(m[2]["content"]) == {"tool_call": call}
     assert m[3]["role"] == "user"
     assert json.loads(m[3]["content"]) == {"tool_response": {"name": "get_weather", "tool_call_id": "call_1",
                                                              "content": "sunny"}}

@@ -260,7 +260,7 @@ def echo(body: dict[str, Any], gen: Generation) -> dict[str, Any]:
         "instructions": body.get("instructions"),
         "max_output_tokens": body.get("max_output_tokens"),
         "metadata": body.get("metadata") or {},
-        "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
+        "parallel_tool_calls": body.get("parallel_tool_calls") is True,  # tools.py's default
         "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
         "temperature": gen.temperature,
         "text": {"format": text.get("format") or {"type": "text"}},

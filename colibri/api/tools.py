@@ -13,8 +13,10 @@ Two styles, chosen per request (``ToolPlan.style``):
 - **generic** (any other template, e.g. the default model's), after llama.cpp's server: a system
   message lists the tools (name, description, JSON schema of the arguments) and the answer is
   constrained to one JSON object, the *envelope*, either a call, ``{"tool_calls": [{"name": N,
-  "arguments": {...}}, ...]}`` (``parallel_tool_calls`` true, OpenAI's default; one or more) or
-  ``{"tool_call": {"name": N, "arguments": {...}}}`` (false: exactly one), or a plain answer,
+  "arguments": {...}}, ...]}`` (``parallel_tool_calls: true``; one or more) or ``{"tool_call":
+  {"name": N, "arguments": {...}}}`` (exactly one: the default, as in llama.cpp's server, whose
+  default follows the template's own parallel support, which a template without tools lacks; left
+  free, a small model repeats the same call until ``max_tokens`` cuts it), or a plain answer,
   ``{"response": "..."}``. ``"auto"`` allows both, ``"required"`` only calls, a named function
   only calls of it. History is re-expressed in it: an assistant's calls become its envelope, a
   ``tool`` message a user message ``{"tool_response": {"name", "tool_call_id", "content"}}``.
@@ -48,7 +50,7 @@ class ToolPlan:
     tools: tuple[dict[str, Any], ...]  # {"type": "function", "function": {name, description?, ...}}
     choice: str  # "auto" | "required" | "function" (one named function)
     forced: str | None  # the named function's name
-    parallel: bool  # parallel_tool_calls: more than one call in an answer
+    parallel: bool  # more than one call in an answer: parallel_tool_calls true (module docstring)
     style: str  # "template" | "generic" (module docstring)
 
     @property
@@ -117,7 +119,7 @@ def parse_tools(body: dict, template: bool = False) -> ToolPlan | None:
     if choice == "none":
         return None
     style = "template" if template and choice == "auto" else "generic"
-    plan = ToolPlan(tuple(tools), choice, forced, parallel is not False, style)
+    plan = ToolPlan(tuple(tools), choice, forced, parallel is True, style)
     grammar = tool_grammar(plan)
     if grammar is not None:
         checked(grammar, "tools")
@@ -190,6 +192,9 @@ def system_prompt(plan: ToolPlan) -> str:
         lines += [f"You must call one of the tools: {calls}"]
     lines += ['Tool results come back as {"tool_response": {"name": ..., "tool_call_id": ..., '
               '"content": ...}}.']
+    if plan.choice == "auto":
+        lines += ["Once the tool results answer the question, use them in your answer to the user "
+                  "instead of calling the tool again."]
     return "\n".join(lines)
 
 
