@@ -60,12 +60,14 @@ bench: install
 FUZZ_SECONDS ?= 60
 fuzz: install
 	$(BIN)/python -c 'import atheris' 2>/dev/null || $(BIN)/pip install -q -e '.[fuzz]'
-	@mkdir -p fuzz/out/mux fuzz/out/legacy fuzz/out/http
+	@mkdir -p fuzz/out/mux fuzz/out/legacy fuzz/out/http fuzz/out/channel
 	$(BIN)/python fuzz/fuzz_mux.py fuzz/out/mux fuzz/corpus/mux -dict=fuzz/mux.dict \
 		-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/out/ -print_final_stats=1
 	$(BIN)/python fuzz/fuzz_legacy.py fuzz/out/legacy fuzz/corpus/legacy -dict=fuzz/legacy.dict \
 		-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/out/ -print_final_stats=1
 	$(BIN)/python fuzz/fuzz_http_body.py fuzz/out/http fuzz/corpus/http -dict=fuzz/http.dict \
+		-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/out/ -print_final_stats=1
+	$(BIN)/python fuzz/fuzz_channel.py fuzz/out/channel fuzz/corpus/channel -dict=fuzz/channel.dict \
 		-max_total_time=$(FUZZ_SECONDS) -artifact_prefix=fuzz/out/ -print_final_stats=1
 
 clean:

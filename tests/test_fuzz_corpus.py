@@ -1,7 +1,8 @@
 """Replay the fuzzers' seed corpora (fuzz/corpus/) through their ``check`` functions: no atheris
 needed, so every ``make test`` re-checks the invariants of fuzz/fuzz_mux.py and fuzz/fuzz_legacy.py
-on the protocol's valid frames and known edge cases, and those of fuzz/fuzz_http_body.py on request
-bodies (valid ones, lone surrogates, deep nesting, huge integers, wrong types)."""
+on the protocol's valid frames and known edge cases, those of fuzz/fuzz_http_body.py on request
+bodies (valid ones, lone surrogates, deep nesting, huge integers, wrong types), and those of
+fuzz/fuzz_channel.py on the Channel binary protocol's frames (every opcode, framing errors)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 FUZZ = Path(__file__).resolve().parent.parent / "fuzz"
-HARNESSES = {"mux": "fuzz_mux.py", "legacy": "fuzz_legacy.py", "http": "fuzz_http_body.py"}
+HARNESSES = {"mux": "fuzz_mux.py", "legacy": "fuzz_legacy.py", "http": "fuzz_http_body.py",
+             "channel": "fuzz_channel.py"}
 
 
 def load(name: str):

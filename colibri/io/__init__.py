@@ -10,4 +10,8 @@ process, the fuzzers in ``fuzz/`` to random bytes.
   ``Unframed``/``Overlong`` items. The one place that decides where a frame starts.
 - ``mux``: the mux protocol, both directions: what its lines and payloads mean.
 - ``legacy``: the single-slot interactive protocol behind ``coli chat``, both directions.
+- ``channel_frames``: the Channel binary protocol's opcodes, codes and messages as dataclasses.
+- ``channel``: the Channel protocol's codec: the 16-byte envelope and every payload, both
+  directions (the engine reads requests with it, a host or ``coli channel`` reads replies); it
+  shares nothing with the line protocols' framing.
 """
