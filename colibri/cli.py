@@ -199,6 +199,19 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return chat(engine_args)
 
 
+def cmd_channel(args: argparse.Namespace) -> int:
+    from colibri.terminal_channel import channel_chat
+
+    if args.state_dir is not None and not args.no_persist:
+        settings.state_dir(args)  # a bad one fails here, once, not in the engine it starts
+    engine_args = ["--no-persist"] if args.no_persist else []
+    for flag, value in (("--model", args.model), ("--state-dir", args.state_dir), ("--ctx", args.ctx),
+                        ("--ram-budget", args.ram_budget)):
+        if value is not None:
+            engine_args += [flag, str(value)]
+    return channel_chat(engine_args)
+
+
 def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
     from pathlib import Path
 
@@ -286,14 +299,16 @@ def _add_model_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_engine_commands(sub: argparse._SubParsersAction) -> None:
-    """engine and chat: the engine process, and the terminal client of its legacy protocol."""
+    """engine, chat and channel: the engine process, and the terminal clients of its legacy and
+    Channel protocols."""
     engine = sub.add_parser("engine", help="the engine process: serve_protocol.md on stdin/stdout")
     settings.add(engine, settings.MODEL, settings.KV_SLOTS, settings.CTX, settings.STATE_DIR,
                  settings.PREFILL_CHUNK, settings.RAM_BUDGET)
-    engine.add_argument("--protocol", choices=("mux", "legacy"),
-                        help="default: mux (SERVE_BATCH=1); legacy with SERVE=1 alone. A SUBMIT's "
-                             "text and legacy input parse control-token text on purpose (the host "
-                             "owns the template); SUBMIT_IDS carries tokens the host chose")
+    engine.add_argument("--protocol", choices=("mux", "legacy", "channel"),
+                        help="default: mux (SERVE_BATCH=1); legacy with SERVE=1 alone; channel: the "
+                             "binary frames of docs/channel_protocol.md. A SUBMIT's text, legacy "
+                             "input and DIRECT Channel text parse control-token text on purpose (the "
+                             "host owns the template); SUBMIT_IDS carries tokens the host chose")
     engine.add_argument("--no-persist", action="store_true", help="keep slots in memory only")
     engine.add_argument("--max-tokens", type=int, default=512, help="legacy: answer length limit")
     engine.set_defaults(func=cmd_engine)
@@ -304,6 +319,13 @@ def _add_engine_commands(sub: argparse._SubParsersAction) -> None:
     settings.add(chat, settings.MODEL, settings.CTX, settings.STATE_DIR, settings.RAM_BUDGET)
     chat.add_argument("--max-tokens", type=int, default=512)
     chat.set_defaults(func=cmd_chat)
+
+    chan = sub.add_parser("channel", help="talk to the engine in its binary Channel protocol "
+                                          "(docs/channel_protocol.md): a line is a turn, /help lists the "
+                                          "other requests, Ctrl-C sends ABORT")
+    settings.add(chan, settings.MODEL, settings.CTX, settings.STATE_DIR, settings.RAM_BUDGET)
+    chan.add_argument("--no-persist", action="store_true", help="the engine keeps its slot in memory only")
+    chan.set_defaults(func=cmd_channel)
 
 
 def _add_server_commands(sub: argparse._SubParsersAction) -> None:

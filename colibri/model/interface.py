@@ -13,6 +13,7 @@ import numpy as np
 from colibri.model.chat import ChatTemplate
 from colibri.model.hparams import HParams
 from colibri.model.kv_cache import KVCache
+from colibri.model.text import ModelText
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.experts import StoreCounters
 
@@ -50,7 +51,9 @@ class EngineModel(Protocol):
     @property
     def chat_template(self) -> ChatTemplate: ...
 
+    text: ModelText  # the text side: the trust rule's rendering of chat turns
+
     def new_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache: ...
 
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
-                logit_rows: np.ndarray, n_direct: int) -> np.ndarray: ...
+                logit_rows: np.ndarray, n_direct: int, embeds: np.ndarray | None = None) -> np.ndarray: ...

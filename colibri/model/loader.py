@@ -49,6 +49,6 @@ class Model:
         return KVCache(self.hp, n_slots, n_ctx)
 
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
-                logit_rows: np.ndarray, n_direct: int = 0) -> np.ndarray:
+                logit_rows: np.ndarray, n_direct: int = 0, embeds: np.ndarray | None = None) -> np.ndarray:
         """One step of the network: see ``Decoder.forward``."""
-        return self.decoder.forward(tokens, slots, positions, kv, logit_rows, n_direct)
+        return self.decoder.forward(tokens, slots, positions, kv, logit_rows, n_direct, embeds)

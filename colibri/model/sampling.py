@@ -26,6 +26,7 @@ class SamplingParams:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
+    repeat_window: int = REPETITION_WINDOW  # the recent tokens the penalty looks at
 
     def validate(self) -> None:
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
@@ -38,6 +39,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not self.repetition_penalty > 0.0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.repeat_window < 0:
+            raise ValueError(f"repeat_window must be >= 0, got {self.repeat_window}")
 
 
 class Sampler:
@@ -51,9 +54,9 @@ class Sampler:
     def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
-        if p.repetition_penalty != 1.0 and len(history):
+        if p.repetition_penalty != 1.0 and len(history) and p.repeat_window:
             logits = logits.copy()
-            seen = np.unique(np.asarray(history[-REPETITION_WINDOW:], dtype=np.int64))
+            seen = np.unique(np.asarray(history[-p.repeat_window:], dtype=np.int64))
             vals = logits[seen]
             logits[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if p.temperature == 0.0:

@@ -25,13 +25,15 @@ from colibri.io import mux
 from colibri.io.events import TOPK_CANDIDATES, Accept, Data, Error, ErrorCode, Hits, Submit, TopK
 from colibri.model.grammar import GrammarError, GrammarVocab
 from colibri.model.interface import EngineModel
-from colibri.model.sampling import REPETITION_WINDOW, Sampler, SamplingParams, top_candidates
+from colibri.model.sampling import Sampler, SamplingParams, top_candidates
 from colibri.sched import persist, telemetry
 from colibri.sched.planner import StepPlan, plan_step
-from colibri.sched.requests import Emit, Request, Slot
+from colibri.sched.probe import ProbeResult, run_probe
+from colibri.sched.requests import Emit, OnToken, Request, Slot
 
 MAX_SLOTS = 16  # the protocol's limit: slot fields and KV_SLOTS are 1..16
 HITS_EVERY_TOKENS = 6  # the spec's "~every 6 tokens": a live routing picture without flooding the pipe
+SOFT_ROW_TOKEN = 0  # a soft input row's place in a slot's history (``Engine.extend``)
 
 # A sampled token and, with TOPK on, its candidates; None for a request mid-prompt.
 Choice = tuple[int, tuple[tuple[float, bytes], ...] | None] | None
@@ -135,12 +137,13 @@ class Engine:
         return mux.payload_limit(self.n_ctx, per_token)
 
     def start(self, sub: Submit, nursery: trio.Nursery, sampling: SamplingParams | None = None,
-              emit: Emit | None = None) -> Request:
+              emit: Emit | None = None, on_token: OnToken | None = None) -> Request:
         """Register an accepted SUBMIT and start its task; its events go to ``emit`` (default: the
-        engine's)."""
+        engine's), its tokens to ``on_token`` if given (instead of DATA events)."""
         params = sampling or SamplingParams(temperature=sub.temperature, top_p=sub.top_p, seed=sub.seed)
         slot = self.slots[sub.slot]
-        req = Request(sub.id, slot, sub, Sampler(params), emit or self.emit, self.tokenizer.stream())
+        req = Request(sub.id, slot, sub, Sampler(params), emit or self.emit, self.tokenizer.stream(),
+                      on_token=on_token)
         slot.owner = req
         self.requests[sub.id] = req
         self.idle = trio.Event()
@@ -260,6 +263,60 @@ class Engine:
         for event in telemetry.turn_end_events(req, counters, maps, saved, perf=self.perf):
             await req.emit(event)
 
+    # ------------------------------------------------------------------ outside any request (Channel)
+
+    def busy(self, slot: int) -> bool:
+        return self.slots[slot].owner is not None
+
+    async def probe(self, slot: int, prompt: list[int], candidates: list[int],
+                    max_decode: int) -> ProbeResult:
+        """PROBE_AUTONOMIC on ``slot`` between steps (``probe.py``); the caller checked the room."""
+        s = self.slots[slot]
+        async with self.step_lock:
+            return await trio.to_thread.run_sync(
+                run_probe, self.model, self.kv, slot, len(s.history), prompt, candidates, max_decode,
+                self.stop_ids)
+
+    async def extend(self, slot: int, tokens: list[int], embeds: np.ndarray | None = None) -> None:
+        """Prefill ``tokens`` then the soft rows ``embeds`` ([rows, n_embd]) onto the slot's history
+        without sampling. A soft row is recorded as SOFT_ROW_TOKEN: a placeholder that only the
+        Channel session, which always extends its own history, ever sees there."""
+        s = self.slots[slot]
+
+        def run() -> None:
+            soft = [SOFT_ROW_TOKEN] * (0 if embeds is None else len(embeds))
+            for ids, rows in ((tokens, None), (soft, embeds)):
+                for at in range(0, len(ids), self.prefill_chunk):
+                    part = ids[at : at + self.prefill_chunk]
+                    start = len(s.history)
+                    self.model.forward(
+                        np.asarray(part, np.int64), np.full(len(part), slot, np.int64),
+                        np.arange(start, start + len(part), dtype=np.int64), self.kv,
+                        np.asarray([len(part) - 1], np.int64), 0,
+                        None if rows is None else rows[at : at + self.prefill_chunk])
+                    s.history.extend(part)
+
+        async with self.step_lock:
+            await trio.to_thread.run_sync(run)
+
+    async def save_snapshot(self, slot: int, path: Path, meta: bytes) -> None:
+        """The slot's history and K/V, and ``meta``, at ``path`` (crash-safe); OSError/ValueError."""
+        s = self.slots[slot]
+        history = list(s.history)
+        await trio.to_thread.run_sync(lambda: persist.save_snapshot(
+            path, history, self.kv.k[slot], self.kv.v[slot], self.model_fp, self.layout_fp, meta))
+
+    async def load_snapshot(self, slot: int, path: Path) -> bytes:
+        """Replace the slot's state with the snapshot at ``path``; its metadata. A snapshot that
+        cannot be loaded raises persist.SnapshotError and leaves the slot as it was."""
+        s = self.slots[slot]
+        async with self.step_lock:
+            tokens, meta = await trio.to_thread.run_sync(lambda: persist.load_snapshot(
+                path, self.model_fp, self.layout_fp, self.kv.k[slot], self.kv.v[slot], self.n_ctx,
+                self.model.hp.n_vocab))
+            s.history = tokens
+        return meta
+
     def expert_telemetry(self, hits: bool) -> list[object]:
         """TIERS, EMAP and (with ``hits``) HITS: at start, and at every turn end."""
         return telemetry.expert_events(self.experts, hits)
@@ -309,7 +366,8 @@ class Engine:
                 continue
             row = logits[i]
             i += 1
-            recent = req.slot.history[-REPETITION_WINDOW:] + req.todo[:n]
+            window = req.sampler.params.repeat_window
+            recent = (req.slot.history[-window:] if window else []) + req.todo[:n]
             token = self._sample(req, row, recent) if req.constraint else req.sampler(row, recent)
             out.append((token, self._topk(row, token) if self.topk else None))
         return out
@@ -339,7 +397,9 @@ class Engine:
             return self._end(req, limited=False)
         req.emitted += 1
         text = req.detokenizer.feed(token).encode()
-        if text:
+        if req.on_token is not None:
+            await req.on_token(token, text)
+        elif text:
             await req.emit(Data(req.id, text))
         if topk is not None:
             await req.emit(TopK(req.id, topk))

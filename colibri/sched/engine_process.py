@@ -1,6 +1,7 @@
 """``coli engine``: the engine process. Loads the model, restores the slots, then serves one of the
-two protocols on stdin/stdout until EOF or SIGTERM, finishing in-flight requests first. The mux
-protocol's reader is here; the legacy protocol's single conversation is ``legacy_session.py``.
+three protocols on stdin/stdout until EOF or SIGTERM, finishing in-flight requests first. The mux
+protocol's reader is here; the legacy protocol's single conversation is ``legacy_session.py``, the
+Channel protocol's ``channel_session.py`` (its frame loop is here).
 
 One trio nursery holds everything: the writer (the only task that writes stdout: one line per
 write), the reader (stdin -> codec -> core), the step loop, a SIGTERM watcher, and a task per
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import trio
 
-from colibri.io import mux
+from colibri.io import channel, mux
+from colibri.io import channel_frames as cf
 from colibri.io.events import Cancel, EndOfInput, Error, ErrorCode, ProtocolError, Ready, Stat, Stop, Submit
 from colibri.model.interface import EngineModel
 from colibri.sched import telemetry
@@ -38,7 +40,7 @@ class EngineConfig:
     n_ctx: int
     state_dir: Path | None
     prefill_chunk: int
-    protocol: str  # "mux" | "legacy"
+    protocol: str  # "mux" | "legacy" | "channel"
     topk: bool
     perf: bool = False  # SERVE_PERF=1: the spec's PERF, ENTROPY and GPUS lines before each DONE
     max_tokens: int = 512  # legacy: answer length when the client gives none
@@ -58,6 +60,8 @@ async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int) -> int:
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     out_send, out_recv = trio.open_memory_channel[bytes](OUTPUT_BUFFER)
+    if cfg.protocol == "channel":
+        return await _main_channel(cfg, model, n_ctx, stdin, stdout, out_send, out_recv)
     encode = mux.encode_response if cfg.protocol == "mux" else legacy_encoder()
 
     async def emit(event) -> None:
@@ -87,6 +91,63 @@ async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int) -> int:
             work.cancel_scope.cancel()
         await engine.save_usage()
         await out_send.aclose()
+    return 0
+
+
+async def _main_channel(cfg: EngineConfig, model: EngineModel, n_ctx: int, stdin, stdout, out_send,
+                        out_recv) -> int:
+    """The Channel protocol: STATUS(idle) when ready, then frames until SHUTDOWN, EOF or SIGTERM
+    (exit 0), or a frame that breaks the stream (ERROR with msg_id 0, exit 2: nothing after it
+    can be trusted, and nothing persisted is touched)."""
+    from colibri.sched.channel_session import ChannelSession
+    from colibri.sched.memory import MEMORY_FILE, EpisodicMemory
+
+    async def send(msg_id: int, message: object) -> None:
+        await out_send.send(channel.encode(msg_id, message))
+
+    async def no_events(event) -> None:  # every Channel request has its own emit
+        return None
+
+    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, no_events)
+    await trio.to_thread.run_sync(engine.restore)
+    status = 0
+    with EpisodicMemory(None if cfg.state_dir is None else cfg.state_dir / MEMORY_FILE) as memory:
+        async with trio.open_nursery() as outer:
+            outer.start_soon(_writer, out_recv, stdout)
+            async with trio.open_nursery() as work:
+                work.start_soon(engine.run)
+                session = ChannelSession(engine, send, work, memory)
+                await session.status(0, cf.EngineStatus.IDLE)
+                with trio.CancelScope() as reading:
+                    work.start_soon(_on_sigterm, reading)
+                    status = await _read_channel(stdin, session)
+                await session.close()
+                await engine.idle.wait()
+                work.cancel_scope.cancel()
+            await engine.save_usage()
+            await out_send.aclose()
+    return status
+
+
+async def _read_channel(stdin: trio.lowlevel.FdStream, session) -> int:
+    """Frames -> the session, in order; the exit status."""
+    reader = channel.FrameReader("inbound")
+    while not session.shutdown:
+        data = await stdin.receive_some(READ_SIZE)
+        for event in reader.receive_data(data):
+            match event:
+                case cf.Frame(msg_id=msg_id, message=message):
+                    await session.handle(msg_id, message)
+                    if session.shutdown:
+                        return 0
+                case cf.BadFrame(msg_id=msg_id, code=code, detail=detail):
+                    await session.error(msg_id, code, detail)
+                case cf.FatalFrame(code=code, detail=detail):
+                    print(f"colibri: channel: {code.name}: {detail}", file=sys.stderr, flush=True)
+                    await session.error(0, code, detail)
+                    return 2
+                case cf.EndOfInput():
+                    return 0
     return 0
 
 

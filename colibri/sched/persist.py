@@ -27,6 +27,10 @@ import numpy as np
 # magics keep a usage file from ever being read as a slot file and the other way round.
 KV_MAGIC = b"\x89CKV\r\n\x1a\n"
 USAGE_MAGIC = b"\x89CHT\r\n\x1a\n"
+# A Channel snapshot (SNAPSHOT_SAVE): a slot's file plus the session's own state (JSON) after the
+# K/V, at a path the host names; its own magic, so neither kind is ever loaded as the other.
+SNAPSHOT_MAGIC = b"\x89CSN\r\n\x1a\n"
+MAX_SNAPSHOT_META = 16 << 20  # the session's JSON: a conversation's text, far below this
 # Bumped on any change to the header or payload layout; a file of another version is ignored (the
 # slot starts cold) rather than migrated: a KV cache is a cache, recomputing it is always correct.
 FORMAT_VERSION = 1
@@ -211,6 +215,19 @@ def save_slot(state_dir: Path, slot: int, tokens: list[int], k: np.ndarray, v: n
     """Persist one slot: its tokens and the K/V of positions [0, len(tokens)) of ``k`` and ``v``
     ([n_layers, n_ctx, n_kv_heads, head_dim] each). Bad arguments raise ValueError; an I/O error
     (disk full, read-only directory) raises OSError and leaves the previous file in place."""
+    _save_kv(slot_path(state_dir, slot), KV_MAGIC, tokens, k, v, model_fp, layout_fp, b"")
+
+
+def save_snapshot(path: Path, tokens: list[int], k: np.ndarray, v: np.ndarray, model_fp: bytes,
+                  layout_fp: bytes, meta: bytes) -> None:
+    """A Channel snapshot at ``path``: as ``save_slot``, with ``meta`` after the K/V, crash-safely."""
+    if len(meta) > MAX_SNAPSHOT_META:
+        raise ValueError(f"snapshot metadata of {len(meta)} bytes exceeds {MAX_SNAPSHOT_META}")
+    _save_kv(path, SNAPSHOT_MAGIC, tokens, k, v, model_fp, layout_fp, meta)
+
+
+def _save_kv(path: Path, magic: bytes, tokens: list[int], k: np.ndarray, v: np.ndarray,
+             model_fp: bytes, layout_fp: bytes, meta: bytes) -> None:
     _check_fp(model_fp, "model_fp")
     _check_fp(layout_fp, "layout_fp")
     _check_kv_arrays(k, v)
@@ -227,8 +244,10 @@ def save_slot(state_dir: Path, slot: int, tokens: list[int], k: np.ndarray, v: n
         for arr in (k, v):
             for layer in range(arr.shape[0]):  # [n_layers, n, ...] order: one layer's rows are contiguous
                 yield from _array_chunks(arr[layer, :n])
+        if meta:
+            yield memoryview(meta)
 
-    _write_atomic(slot_path(state_dir, slot), KV_MAGIC, model_fp, layout_fp, n, chunks())
+    _write_atomic(path, magic, model_fp, layout_fp, n, chunks())
 
 
 def save_usage(state_dir: Path, heat: np.ndarray, model_fp: bytes) -> None:
@@ -326,12 +345,67 @@ def load_slot(state_dir: Path, slot: int, model_fp: bytes, layout_fp: bytes, k_o
     K/V are read straight into the outputs (no second copy of hundreds of MB); if the payload then
     fails its checksum, ``[:, :n]`` of both outputs is zeroed, as in a fresh cache.
     """
+    path = slot_path(state_dir, slot)
+    try:
+        loaded = _load_kv(path, KV_MAGIC, model_fp, layout_fp, k_out, v_out, max_tokens, n_vocab)
+    except (_Reject, OSError) as e:
+        reason = str(e) if isinstance(e, _Reject) else f"cannot read: {e.strerror or e}"
+        warn(f"{path}: {reason}, slot {slot} starts cold")
+        return None
+    return None if loaded is None else loaded[0]
+
+
+class SnapshotError(Exception):
+    """A snapshot that cannot be loaded; the message is the reason (SNAPSHOT_LOAD_FAILED's detail)."""
+
+
+def load_snapshot(path: Path, model_fp: bytes, layout_fp: bytes, k_out: np.ndarray, v_out: np.ndarray,
+                  max_tokens: int, n_vocab: int) -> tuple[list[int], bytes]:
+    """A snapshot's tokens (their K/V copied into ``k_out[:, :n]``, ``v_out[:, :n]``) and its
+    metadata. The whole file is checked before the outputs are touched, so a damaged or foreign
+    snapshot leaves the conversation in the cache as it was; SnapshotError says why."""
+    try:
+        if not _verify(path, SNAPSHOT_MAGIC, model_fp, layout_fp):
+            raise _Reject("no such file")
+        loaded = _load_kv(path, SNAPSHOT_MAGIC, model_fp, layout_fp, k_out, v_out, max_tokens, n_vocab)
+    except _Reject as e:
+        raise SnapshotError(f"{path}: {e}") from None
+    except OSError as e:
+        raise SnapshotError(f"{path}: cannot read: {e.strerror or e}") from None
+    if loaded is None:
+        raise SnapshotError(f"{path}: no such file")
+    return loaded
+
+
+def _verify(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes) -> bool:
+    """Whether ``path`` exists; _Reject if its header or its payload's checksum is wrong."""
+    opened = _open_regular(path)
+    if opened is None:
+        return False
+    fd, size = opened
+    with open(fd, "rb", closefd=True) as f:
+        count, length, expect = _check_header(f.read(HEADER_SIZE), size, magic, model_fp, layout_fp,
+                                              "KV cache layout")
+        if size != HEADER_SIZE + length:
+            raise _Reject(f"{'truncated' if size < HEADER_SIZE + length else 'trailing bytes'} "
+                          f"({size} bytes, expected {HEADER_SIZE + length})")
+        digest = hashlib.sha256()
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+        if digest.digest() != expect:
+            raise _Reject("payload checksum mismatch (damaged file)")
+    return True
+
+
+def _load_kv(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes, k_out: np.ndarray,
+             v_out: np.ndarray, max_tokens: int, n_vocab: int) -> tuple[list[int], bytes] | None:
+    """(tokens, metadata) of ``path``, K/V into the outputs; None if there is no file; _Reject if it
+    cannot be trusted (``[:, :n]`` of the outputs zeroed once touched)."""
     _check_fp(model_fp, "model_fp")
     _check_fp(layout_fp, "layout_fp")
     _check_kv_arrays(k_out, v_out)
     if max_tokens > k_out.shape[1]:
         raise ValueError(f"max_tokens {max_tokens} exceeds the cache's {k_out.shape[1]} positions")
-    path = slot_path(state_dir, slot)
     n = 0
     touched = False
     try:
@@ -341,12 +415,13 @@ def load_slot(state_dir: Path, slot: int, model_fp: bytes, layout_fp: bytes, k_o
         fd, size = opened
         with open(fd, "rb", closefd=True) as f:
             raw = f.read(HEADER_SIZE)
-            n, length, expect = _check_header(raw, size, KV_MAGIC, model_fp, layout_fp, "KV cache layout")
+            n, length, expect = _check_header(raw, size, magic, model_fp, layout_fp, "KV cache layout")
             if n > max_tokens:
                 raise _Reject(f"{n} tokens exceed the context of {max_tokens}")
             row_bytes = math.prod(k_out.shape[2:]) * KV_DTYPE.itemsize
             want = n * TOKEN_DTYPE.itemsize + 2 * k_out.shape[0] * n * row_bytes
-            if length != want:
+            extra = MAX_SNAPSHOT_META if magic == SNAPSHOT_MAGIC else 0
+            if not want <= length <= want + extra:
                 raise _Reject(f"payload of {length} bytes does not match {n} tokens of this layout ({want})")
             if size != HEADER_SIZE + length:
                 cut = "truncated" if size < HEADER_SIZE + length else "trailing bytes"
@@ -361,16 +436,18 @@ def load_slot(state_dir: Path, slot: int, model_fp: bytes, layout_fp: bytes, k_o
             for out in (k_out, v_out):
                 for layer in range(out.shape[0]):
                     _read_into(f, digest, out[layer, :n])
+            meta = f.read(length - want)
+            if len(meta) != length - want:
+                raise _Reject("truncated while reading (the file shrank)")
+            digest.update(meta)
             if digest.digest() != expect:
                 raise _Reject("payload checksum mismatch (damaged file)")
-        return ids.astype(np.int64).tolist()
-    except (_Reject, OSError) as e:
+        return ids.astype(np.int64).tolist(), meta
+    except (_Reject, OSError):
         if touched:
             k_out[:, :n] = 0
             v_out[:, :n] = 0
-        reason = str(e) if isinstance(e, _Reject) else f"cannot read: {e.strerror or e}"
-        warn(f"{path}: {reason}, slot {slot} starts cold")
-        return None
+        raise
 
 
 def load_usage(state_dir: Path, model_fp: bytes, shape: tuple[int, ...], *,

@@ -16,6 +16,9 @@ from colibri.model.tokenizer import StreamDecoder
 
 # Where a request's events go: the protocol driver's encoder, or a capture around it (legacy).
 Emit = Callable[[object], Awaitable[None]]
+# Every sampled token of a request and its text (b"" while a character is incomplete), in place of
+# DATA events: the Channel protocol sends a frame per token with its id.
+OnToken = Callable[[int, bytes], Awaitable[None]]
 
 
 @dataclass(eq=False)
@@ -52,3 +55,4 @@ class Request:
     constraint: Constraint | None = None  # the SUBMIT's grammar, if it had one
     stop_requested: bool = False  # STOP: end with a normal DONE at the next step boundary
     forwards: int = 0  # forward steps this request had rows in (PROF)
+    on_token: OnToken | None = None  # None: the tokens' text goes out as DATA events

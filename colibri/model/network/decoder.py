@@ -55,13 +55,14 @@ class Decoder:
 
     def forward(
         self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
-        logit_rows: np.ndarray, n_direct: int = 0,
+        logit_rows: np.ndarray, n_direct: int = 0, embeds: np.ndarray | None = None,
     ) -> np.ndarray:
         """Run one step; write every row's K/V into its slot; return logits of ``logit_rows``.
 
         The first ``n_direct`` rows are decode rows (the direct matmul path), the rest prompt rows
-        (tiled); the logits always take the direct path, one row per sequence."""
-        x = self.embedding(tokens)
+        (tiled); the logits always take the direct path, one row per sequence. ``embeds``
+        ([rows, n_embd] float32): soft inputs entering at layer 0 in place of the tokens' rows."""
+        x = self.embedding(tokens) if embeds is None else np.array(embeds, np.float32, order="C")
         h = np.empty_like(x)
         for i in range(self.hp.n_layers):
             args = (self.shape, kv.k, kv.v, i, slots, positions, self.inv_freq, n_direct)
