@@ -167,9 +167,9 @@ class ChannelSession:
                                     f"the input does not fit the context of {self.engine.n_ctx} tokens")
         self.messages.append({"role": "user", "content": user})
         if embeds is not None:
-            tail = self.context[len(self.engine.slots[SLOT].history):]
             await self.status(msg_id, cf.EngineStatus.ENCODING)
-            await self.engine.extend(SLOT, tail + before + body, embeds)
+            await self._sync_slot()
+            await self.engine.extend(SLOT, before + body, embeds)
             self.context = list(self.engine.slots[SLOT].history)
             before, body = [], []
             if direct:  # no text to end on: the rows are context; the host's next input starts a turn
@@ -469,12 +469,15 @@ class ChannelSession:
                                                tuple(t.timestamp for t in recall.turns)))
         await self.status(msg_id, cf.EngineStatus.IDLE)
 
-    async def close(self) -> None:
-        """SHUTDOWN or EOF: the turn in flight ends (state kept), the memory is committed."""
+    async def close(self, commit: bool = True) -> None:
+        """SHUTDOWN or EOF: the turn in flight ends (state kept), the memory is committed. After a
+        frame that broke the stream (``commit`` False) the memory's file is left as it was."""
         if self.turn is not None:
             self.turn.ending = "abort"
             self.engine.stop(self.turn.request)
         await self.running.wait()
+        if not commit:
+            return
         try:
             await trio.to_thread.run_sync(self.memory.commit)
         except Exception as e:  # noqa: BLE001 - reported; exiting must not lose the slot's state

@@ -121,7 +121,7 @@ async def _main_channel(cfg: EngineConfig, model: EngineModel, n_ctx: int, stdin
                 with trio.CancelScope() as reading:
                     work.start_soon(_on_sigterm, reading)
                     status = await _read_channel(stdin, session)
-                await session.close()
+                await session.close(commit=status == 0)
                 await engine.idle.wait()
                 work.cancel_scope.cancel()
             await engine.save_usage()
