@@ -104,6 +104,20 @@ async def experts() -> dict[str, Any]:
     }
 
 
+@blueprint.get("/atlas")
+async def atlas() -> Response:
+    """The expert atlas ``coli atlas`` measured (its ``experts.json``), for the console's Atlas view;
+    404 until one was written for this state directory."""
+    path = server_state().atlas_path
+    try:
+        body = path.read_bytes() if path is not None else None
+    except OSError:
+        body = None
+    if body is None:
+        return error_response(openai_errors.not_found())
+    return Response(body, mimetype="application/json")
+
+
 @blueprint.get("/metrics")
 async def prometheus() -> Response:
     state = server_state()

@@ -37,6 +37,7 @@ class ServerState:
     host_guard: HostGuard
     cors: CorsPolicy
     web_dist: Path | None
+    atlas_path: Path | None = None  # experts.json that ``coli atlas`` wrote, published at /atlas
     # A request's prompt as token ids, by the trust rule (``ModelText.encode_chat``/``encode_text``);
     # None: the engine tokenizes the rendered text (a unit test's scripted engine).
     encode: Callable[[Generation], list[int]] | None = None
