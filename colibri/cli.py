@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -262,6 +263,19 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_atlas(args: argparse.Namespace) -> int:
+    from colibri.atlas import ATLAS_FILE, measure, read_prompts, write_atlas
+    from colibri.model.loader import Model
+
+    prompts = read_prompts(Path(args.prompts))
+    out = Path(args.out) if args.out else settings.state_dir(args) / ATLAS_FILE
+    atlas = measure(Model(settings.model_path(args)), prompts)
+    write_atlas(atlas, out)
+    print(f"{out}: {atlas['rows']} layers x {atlas['cols']} experts, {len(atlas['topics'])} topics, "
+          f"{sum(atlas['tokens'])} tokens")
+    return 0
+
+
 def _add_model_commands(sub: argparse._SubParsersAction) -> None:
     """run, logits, tokenize: one process over the model, no engine."""
     run = sub.add_parser("run", help="generate a completion, streamed to stdout")
@@ -356,6 +370,14 @@ def _add_file_commands(sub: argparse._SubParsersAction) -> None:
                          help=f"block type of the matrices (norms, biases and routers stay f32; "
                               f"default {DEFAULT_TYPE})")
     convert.set_defaults(func=cmd_convert)
+
+    atlas = sub.add_parser("atlas", help="measure which experts each topic routes to (experts.json)")
+    settings.add(atlas, settings.MODEL, settings.STATE_DIR)
+    atlas.add_argument("--prompts", required=True, metavar="FILE",
+                       help='JSON object {"topic": ["prompt", ...], ...}')
+    atlas.add_argument("--out", metavar="PATH",
+                       help="default: experts.json in the state directory, where coli serve publishes it")
+    atlas.set_defaults(func=cmd_atlas)
 
     info = sub.add_parser("info", help="architecture, sizes, block types")
     settings.add(info, settings.MODEL)

@@ -187,3 +187,8 @@ def model_path(args: argparse.Namespace) -> Path:
         what = "does not exist" if not path.exists() else "is not a file"
         raise ConfigError(f"--model/{MODEL.env} {str(path)!r} {what}")
     return path
+
+
+# ``coli atlas`` writes the expert atlas here in the state directory; ``coli serve`` publishes it at
+# /atlas (one name both sides agree on).
+ATLAS_FILE = "experts.json"
