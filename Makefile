@@ -6,12 +6,18 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL_STAMP := $(VENV)/.model-installed
 PEER_STAMP := $(VENV)/.peer-installed
+BROWSER_STAMP := $(VENV)/.browser-installed
+# The web console's browser tests drive Debian's Chromium (never a browser download); when it cannot
+# be installed, the reason goes here and tests/test_web_console.py skips with it.
+CHROMIUM := /usr/bin/chromium
+BROWSER_NOTE := $(VENV)/.browser-missing
+BROWSER_LOG := $(VENV)/.browser-apt.log
 # llama.cpp as the benchmark peer: the default native build crashes in its AMX path on these
 # machines (see tests/data/golden/README.md).
 PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 	-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF
 
-.PHONY: install serve test lint bench peer clean fuzz
+.PHONY: install serve test test-long screenshots lint bench peer clean fuzz
 
 install: $(STAMP) $(MODEL_STAMP)
 	@:
@@ -35,10 +41,21 @@ serve: install
 
 # The tests compare against llama.cpp (the converter's names and routing, the golden outputs), so
 # its set-up installs the peer too: pip builds it once (~3 min on 2 cores) and caches the wheel.
-test: install $(PEER_STAMP)
+# Two property tests repeat a random trial; `make test` runs fewer trials to stay inside its time
+# budget (every test runs), `make test-long` the full counts: 100 kill -9 rounds, 200 sampled
+# replies checked for template text. The browser tests' screenshots go to test-artifacts/ (ignored);
+# `make screenshots` refreshes the ones in docs/.
+FAST_COUNTS := COLI_CRASH_ROUNDS=20 COLI_LEAK_SAMPLES=96 COLI_SCREENSHOT_DIR=test-artifacts
+test: install $(PEER_STAMP) $(BROWSER_STAMP)
 	$(BIN)/ruff check colibri tests bench tools fuzz
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q
+	$(FAST_COUNTS) $(BIN)/python -m pytest -q
+
+test-long: install $(PEER_STAMP) $(BROWSER_STAMP)
+	COLI_CRASH_ROUNDS=100 COLI_LEAK_SAMPLES=200 COLI_SCREENSHOT_DIR=test-artifacts $(BIN)/python -m pytest -q
+
+screenshots: install $(BROWSER_STAMP)
+	$(BIN)/python -m pytest -q tests/test_web_console.py
 
 lint: install
 	$(BIN)/ruff check colibri tests bench tools fuzz
@@ -51,6 +68,30 @@ peer: install $(PEER_STAMP)
 $(PEER_STAMP): $(STAMP)
 	CMAKE_ARGS="$(PEER_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[peer]'
 	@touch $@
+
+# Chromium from apt for the browser tests, once. It never fails the make: without root, apt-get or
+# the network it says why (also into $(BROWSER_NOTE)) and the browser tests skip with that reason;
+# `rm $(BROWSER_STAMP)` to try again. fonts-liberation: readable text in the screenshots.
+$(BROWSER_STAMP): | $(VENV)/bin/python
+	@rm -f $(BROWSER_NOTE); why=""; \
+	if [ ! -x $(CHROMIUM) ]; then \
+		if ! command -v apt-get >/dev/null 2>&1; then why="apt-get is not available"; \
+		elif [ "$$(id -u)" != 0 ]; then why="apt-get needs root (as root: apt-get install chromium)"; \
+		else \
+			echo "installing chromium with apt-get (for the web console's browser tests)"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get -qq update >$(BROWSER_LOG) 2>&1 || true; \
+			apt-get -qq install -y --no-install-recommends chromium fonts-liberation >>$(BROWSER_LOG) 2>&1 \
+				|| why="apt-get install chromium failed: $$(grep -E '^(E|W):' $(BROWSER_LOG) \
+					| uniq | tail -n 2 | tr '\n' ' ')"; \
+		fi; \
+		if [ ! -x $(CHROMIUM) ]; then \
+			why="$${why:-apt-get installed no $(CHROMIUM)}"; \
+			echo "chromium: $$why; the browser tests will skip"; echo "$$why" > $(BROWSER_NOTE); \
+		fi; \
+	fi; \
+	if [ -x $(CHROMIUM) ]; then echo "browser: $$($(CHROMIUM) --version 2>/dev/null)"; fi; \
+	touch $@
 
 bench: install
 	$(BIN)/python bench/bench_forward.py

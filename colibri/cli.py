@@ -246,7 +246,7 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
         cors_origins=settings.cors_origins(args),
         state_dir=None if args.no_persist else settings.state_dir(args),
         insecure=args.insecure, ram_budget_gb=args.ram_budget,
-        web_dist=Path(web) if web else Path(__file__).resolve().parent.parent / "web" / "dist",
+        web_dist=Path(web) if web else settings.WEB_CONSOLE_DIR,
         open_browser=open_browser, max_body=int(limits["max_body_mb"] * (1 << 20)),
         body_timeout_s=limits["body_timeout"], max_requests=limits["max_requests"],
         keep_alive_s=limits["keep_alive"], drain_timeout_s=limits["drain_timeout"],

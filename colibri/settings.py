@@ -88,8 +88,12 @@ DRAIN_TIMEOUT = Setting("drain_timeout", "--drain-timeout", "COLI_DRAIN_TIMEOUT"
                         "seconds generations in flight may take to finish after SIGTERM")
 HTTP_LIMITS = (MAX_BODY_MB, BODY_TIMEOUT, MAX_REQUESTS, KEEP_ALIVE, DRAIN_TIMEOUT)
 
-WEB_DIST = Setting("web_dist", "--web-dist", "COLI_WEB_DIST", None, str,
-                   "the built web console to serve at / (default: web/dist beside the package)")
+# The web console is plain static files inside the package (no build step: package data, see
+# pyproject.toml), so every install serves it; --web-dist serves another directory instead, and one
+# that does not exist gets the "not built" note.
+WEB_CONSOLE_DIR = Path(__file__).resolve().parent / "api" / "web"
+WEB_DIST = Setting("web_dist", "--web-dist", "COLI_WEB_DIST", str(WEB_CONSOLE_DIR), str,
+                   "the web console to serve at / (default: colibri/api/web in the package)")
 
 
 def add(parser: argparse.ArgumentParser, *settings: Setting) -> None:

@@ -4,6 +4,8 @@ middle of a character does not end in U+FFFD."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from engine_harness import EngineProcess, chat_prompt, engine_args
 
@@ -12,7 +14,9 @@ from colibri.io.mux import encode_request
 from colibri.model.text import ModelText
 from colibri.settings import default_model_path
 
-SAMPLES = 200  # the issue saw 2 leaks in ~40 samples: 200 make a clean run meaningful
+# The issue saw 2 leaks in ~40 samples: 200 make a clean run meaningful (``make test-long``);
+# ``make test`` takes 96 (COLI_LEAK_SAMPLES) to keep the suite inside its time budget.
+SAMPLES = int(os.environ.get("COLI_LEAK_SAMPLES", "200"))
 BATCH = 16  # slots: the samples run sixteen at a time
 LEAKS = ("\nuser\n", "\nassistant\n", "\nsystem\n", "<|im_start|>", "<|im_end|>", "<|endoftext|>")
 QUESTIONS = ["Tell me a short story about a gift.", "Write a poem about the sea.",

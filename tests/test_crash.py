@@ -9,8 +9,8 @@ round by a request on that slot (its prompt's ids, then at most max_tokens more)
 acknowledged by DONE must not be lost; its K/V must be those of its tokens; ``.coli_usage`` must
 be absent or whole; no temp file survives the next start. Selection:
 ``pytest tests/test_crash.py`` or ``-k crash``; ``COLI_CRASH_ROUNDS`` and ``COLI_CRASH_SEED``
-change the number of rounds and the seed (``COLI_CRASH_ROUNDS=1000`` for a long run; 40 keeps
-``make test`` under its time budget, each round costing ~1.7 s).
+change the number of rounds and the seed (``make test`` runs 20 to keep the suite inside its time
+budget, ``make test-long`` 100; each round costs ~1.7 s).
 """
 
 from __future__ import annotations

@@ -196,6 +196,7 @@ async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
         cors=CorsPolicy(list(cfg.cors_origins)),
         web_dist=cfg.web_dist,
         atlas_path=cfg.state_dir / settings.ATLAS_FILE if cfg.state_dir else None,
+        block_types=tuple(sorted({t.gtype.name for t in text.gguf.tensors.values()})),
     )
     app = ConcurrencyLimit(create_app(state, cfg.max_body, cfg.body_timeout_s), cfg.max_requests)
     hconfig = _hypercorn_config(cfg)

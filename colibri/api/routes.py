@@ -81,8 +81,16 @@ async def health() -> Response:
         "engine_restarts": state.engine.restarts,
         "persist_failures": persist.failures,
         **state.counters,
+        "block_types": list(state.block_types),
+        "hardware": _hardware(state),
     }
     return json_response(body, 200 if ok else 503)
+
+
+def _hardware(state: ServerState) -> dict[str, Any] | None:
+    """The engine's HWINFO (cores, RAM, CPU), for the console's runtime panel; None before it."""
+    hw = getattr(getattr(state.engine, "telemetry", None), "hwinfo", None)
+    return None if hw is None else dict(hw.__dict__)
 
 
 @blueprint.get("/experts")

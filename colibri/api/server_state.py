@@ -38,6 +38,7 @@ class ServerState:
     cors: CorsPolicy
     web_dist: Path | None
     atlas_path: Path | None = None  # experts.json that ``coli atlas`` wrote, published at /atlas
+    block_types: tuple[str, ...] = ()  # the model file's tensor block formats, for the console
     # A request's prompt as token ids, by the trust rule (``ModelText.encode_chat``/``encode_text``);
     # None: the engine tokenizes the rendered text (a unit test's scripted engine).
     encode: Callable[[Generation], list[int]] | None = None

@@ -1,4 +1,8 @@
-"""Static hosting of the web page (``web/dist``) with SPA fallback, from which no path escapes.
+"""Static hosting of the web page with SPA fallback, from which no path escapes.
+
+The page is the web console, plain files in ``colibri/api/web`` (the default of ``--web-dist``,
+``settings.WEB_DIST``); ``--web-dist`` may name another directory, and one that does not exist
+leaves ``/`` with a short note instead (the tests' servers use that, whatever the checkout holds).
 
 A request path is split into segments and each one checked: no ``..``, no empty or dot segments,
 no backslashes or NULs; the joined path is resolved (symlinks followed) and must stay inside the
@@ -18,12 +22,12 @@ from colibri.api.openai_errors import not_found
 NO_PAGE = (
     "<!doctype html><meta charset=utf-8><title>colibri</title>"
     "<h1>colibri</h1><p>The API is at <code>/v1</code> (OpenAI-compatible). "
-    "The web console is not built: it will be served here from <code>web/dist</code>.</p>"
+    "The web console is not built: <code>--web-dist</code> names no directory.</p>"
 )
 
 
 class StaticSite:
-    """The page's files under ``root``; with no root (the page not built), a note where it would be."""
+    """The page's files under ``root``; with no root (none given, or not a directory), a note."""
 
     def __init__(self, root: Path | None) -> None:
         self.root = root.resolve() if root is not None and root.is_dir() else None
@@ -55,4 +59,7 @@ class StaticSite:
                 return Response(NO_PAGE, mimetype="text/html")
             return Response(not_found().json_bytes(), status=404, mimetype="application/json")
         mime = mimetypes.guess_type(found.name)[0] or "application/octet-stream"
-        return Response(found.read_bytes(), mimetype=mime, headers={"x-content-type-options": "nosniff"})
+        # no-cache: revalidated on every load, so an upgraded package's page is never mixed with a
+        # stale script (the files are small)
+        headers = {"x-content-type-options": "nosniff", "cache-control": "no-cache"}
+        return Response(found.read_bytes(), mimetype=mime, headers=headers)
