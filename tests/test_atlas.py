@@ -54,7 +54,8 @@ def test_atlas_shares_and_affinities(tiny_moe, tmp_path, capsys):
 
 def test_the_server_publishes_it(tiny_moe, tmp_path):
     """``coli serve`` serves the state directory's experts.json at /atlas, read at each request
-    (404 before it exists). The default model is dense, so the file here is written by hand."""
+    (404 before it exists). The default model is dense, so the file here is written by hand.
+    /health carries the block types and the hardware the console shows."""
     from serve_harness import running_server
 
     state = tmp_path / "state"
@@ -64,6 +65,10 @@ def test_the_server_publishes_it(tiny_moe, tmp_path):
         (state / "experts.json").write_text(json.dumps({"rows": 1, "cols": 2, "topics": ["a"]}))
         r = h.get("/atlas")
         assert r.status_code == 200 and r.json()["topics"] == ["a"]
+        # what the console's runtime panel shows beside it: the file's block formats, the hardware
+        health = h.get("/health").json()
+        assert {"Q4_1", "F32"} <= set(health["block_types"]), health
+        assert health["hardware"]["cores"] >= 1 and health["hardware"]["ram_total_gb"] > 0, health
 
 
 def test_atlas_errors(tiny_moe, tmp_path, model_path, capsys):
