@@ -16,6 +16,7 @@ gave is printed).
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -123,15 +124,21 @@ def console(server):
 
 
 @pytest.fixture(scope="module")
-def moe_server(tmp_path_factory):
-    """``coli serve`` on the tiny Mixtral, converted with ``coli convert`` as a user would."""
+def tiny_gguf(tmp_path_factory) -> Path:
+    """The tiny Mixtral, converted with ``coli convert`` as a user would."""
     out = tmp_path_factory.mktemp("web-moe") / "tiny-mixtral-q8_0.gguf"
     done = subprocess.run(
         [sys.executable, "-m", "colibri", "convert", str(TINY_MIXTRAL), "-o", str(out), "--type", "q8_0"],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    with running_server("--model", str(out), "--ram-budget", "inf", "--ctx", "256") as srv:
+    return out
+
+
+@pytest.fixture(scope="module")
+def moe_server(tiny_gguf):
+    """``coli serve`` on the tiny Mixtral."""
+    with running_server("--model", str(tiny_gguf), "--ram-budget", "inf", "--ctx", "256") as srv:
         _console_served(srv)
         yield srv
 
@@ -361,3 +368,65 @@ def test_no_horizontal_overflow_on_a_phone(phone, console):
     assert pg.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
     assert pg.evaluate(width) <= PHONE["width"]
     assert pg.evaluate(OVERFLOWING, PHONE["width"]) == [], "cut off or scrolling sideways after the answer"
+
+
+# ------------------------------------------------------------------------------------ atlas
+
+ATLAS_PROMPTS = {"counting": [[1, 2, 3, 4, 5], [6, 7, 8, 9]], "letters": [[40, 41, 42], [43, 44, 45, 46]]}
+
+
+@pytest.fixture(scope="module")
+def atlas_server(tiny_gguf, tmp_path_factory):
+    """``coli serve`` on the tiny Mixtral with a state directory holding the ``coli atlas`` it measured
+    (token-id prompts: the tiny model has no tokenizer)."""
+    work = tmp_path_factory.mktemp("web-atlas")
+    state = work / "state"
+    state.mkdir()
+    prompts = work / "prompts.json"
+    prompts.write_text(json.dumps(ATLAS_PROMPTS))
+    done = subprocess.run(
+        [sys.executable, "-m", "colibri", "atlas", "--model", str(tiny_gguf), "--prompts", str(prompts),
+         "--out", str(state / "experts.json")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    with running_server("--model", str(tiny_gguf), "--ram-budget", "inf", "--ctx", "256",
+                        "--state-dir", str(state)) as srv:
+        _console_served(srv)
+        yield srv
+
+
+def test_atlas_view_draws_the_measured_atlas(page, atlas_server):
+    pg, _seen = page
+    atlas = httpx.get(atlas_server.base_url + "/atlas", timeout=10).json()
+    assert atlas["topics"] == list(ATLAS_PROMPTS), atlas
+    load(pg, atlas_server)
+    expect(pg.locator("#atlas-panel")).to_be_visible()
+    expect(pg.locator("#atlas-map")).to_be_visible()
+    expect(pg.locator("#no-atlas")).to_be_hidden()
+    canvas = pg.locator("#atlas-map").element_handle()
+    pg.wait_for_function(f"(c) => ({CANVAS_PIXELS})(c).painted > 0", arg=canvas)
+    drawn = canvas_pixels(pg, "#atlas-map")
+    assert drawn["painted"] > 0 and drawn["colors"] >= 2, drawn
+    legend = pg.locator("#atlas-legend")
+    expect(legend).to_be_visible()
+    for topic in ATLAS_PROMPTS:
+        expect(legend).to_contain_text(topic)
+
+    # The expert map's tooltip adds the hovered expert's measured affinity
+    expert_map = pg.locator("#expert-map")
+    pg.wait_for_function(f"(c) => ({CANVAS_PIXELS})(c).painted > 0", arg=expert_map.element_handle())
+    box = expert_map.bounding_box()
+    assert box and box["width"] > 0 and box["height"] > 0, box
+    pg.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    expect(pg.locator("#expert-tip")).to_contain_text("affinity:")
+
+
+def test_no_atlas_on_the_dense_server(page, console):
+    pg, _seen = page
+    assert httpx.get(console.base_url + "/atlas", timeout=10).status_code == 404
+    load(pg, console)
+    expect(pg.locator("#atlas-panel")).to_be_visible()
+    expect(pg.locator("#no-atlas")).to_be_visible()
+    expect(pg.locator("#no-atlas")).to_have_text("No atlas yet: run coli atlas --prompts FILE")
+    expect(pg.locator("#atlas-map")).to_be_hidden()

@@ -15,6 +15,13 @@ const TIER_NAMES = ["disk", "RAM", "VRAM"];
 const TIER_RGB = [[70, 120, 230], [40, 190, 110], [200, 90, 230]]; // as the legend's swatches
 const FLASH_DECAY = 0.94; // per frame: a routed expert fades back to its colour in about a second
 const MAP_MAX_HEIGHT = 420; // CSS px: a 94-layer map stays on screen beside the chat
+const ATLAS_POLL_MS = 30000; // /atlas changes only when `coli atlas` runs again
+const ATLAS_MAX_SIDE = 360; // CSS px
+const ATLAS_UNUSED = "rgb(140, 140, 140)";
+const ATLAS_COLORS = [
+  "rgb(230, 85, 70)", "rgb(60, 130, 230)", "rgb(40, 175, 95)", "rgb(235, 160, 30)", "rgb(170, 90, 220)",
+  "rgb(30, 180, 190)", "rgb(225, 90, 170)", "rgb(130, 160, 40)", "rgb(150, 100, 60)", "rgb(90, 90, 200)",
+];
 
 // ------------------------------------------------------------------------------ markdown
 
@@ -210,6 +217,7 @@ function main() {
     tpsLast: $("tps-last"),
     noExperts: $("no-experts"), expertsWait: $("experts-wait"), mapWrap: $("map-wrap"),
     canvas: $("expert-map"), tip: $("expert-tip"), legend: $("expert-legend"),
+    noAtlas: $("no-atlas"), atlasMap: $("atlas-map"), atlasLegend: $("atlas-legend"),
   };
   const session = storage("sessionStorage");
   const local = storage("localStorage");
@@ -819,7 +827,7 @@ function main() {
     const b = map.bytes[r * map.cols + c];
     el.tip.textContent =
       `MoE layer ${r} · expert ${c}\n${TIER_NAMES[b >> 6] || "unknown tier"} · heat ${b & HEAT_MAX}/${HEAT_MAX}` +
-      (map.flash[r * map.cols + c] > 0.05 ? "\nrouted just now" : "");
+      (map.flash[r * map.cols + c] > 0.05 ? "\nrouted just now" : "") + atlasTip(r, c);
     el.tip.hidden = false;
     const box = el.mapWrap.clientWidth;
     const w = el.tip.offsetWidth;
@@ -862,9 +870,140 @@ function main() {
     if (map.scale !== before) drawMap();
   }).observe(el.mapWrap);
 
+  // ---------------------------------------------------------------- atlas
+
+  let atlas = null; // the checked /atlas, or null while there is none
+
+  /** /atlas's JSON (colibri/atlas.py), checked for the shapes the view reads; null if it is not one. */
+  function checkAtlas(a) {
+    if (!a || typeof a !== "object") return null;
+    const rows = a.rows;
+    const cols = a.cols;
+    const topics = a.topics;
+    if (!Number.isInteger(rows) || !Number.isInteger(cols) || rows < 1 || cols < 1) return null;
+    if (!Array.isArray(topics) || !topics.length) return null;
+    const grid = (g, ok) => Array.isArray(g) && g.length === rows &&
+      g.every((row) => Array.isArray(row) && row.length === cols && row.every(ok));
+    const num = (x) => typeof x === "number" && Number.isFinite(x);
+    if (!grid(a.share, num) || !grid(a.dominant, Number.isInteger)) return null;
+    if (!grid(a.affinity, (v) => Array.isArray(v) && v.length === topics.length && v.every(num))) return null;
+    return { rows, cols, topics: topics.map(String), share: a.share, affinity: a.affinity, dominant: a.dominant };
+  }
+
+  const topicColor = (k) => (k >= 0 ? ATLAS_COLORS[k % ATLAS_COLORS.length] : ATLAS_UNUSED);
+
+  async function pollAtlas() {
+    if (document.hidden) return;
+    let res;
+    try {
+      res = await fetch("/atlas", { cache: "no-store" });
+    } catch {
+      return; // unreachable: the banner says so; the last atlas stays
+    }
+    if (res.ok) {
+      showAtlas(checkAtlas(await res.json().catch(() => null)));
+    } else if (res.status === 404) {
+      showAtlas(null);
+    }
+  }
+
+  function showAtlas(a) {
+    atlas = a;
+    el.noAtlas.hidden = Boolean(a);
+    el.atlasMap.hidden = el.atlasLegend.hidden = !a;
+    el.atlasLegend.replaceChildren();
+    if (!a) return;
+    const item = (color, label) => {
+      const li = document.createElement("li");
+      const sw = document.createElement("span");
+      sw.className = "swatch";
+      sw.style.background = color;
+      li.append(sw, document.createTextNode(label));
+      el.atlasLegend.append(li);
+    };
+    a.topics.forEach((t, k) => item(topicColor(k), t));
+    item(ATLAS_UNUSED, "unused");
+    drawAtlas();
+    if (map.tip) showTip(...map.tip);
+  }
+
+  /** A fixed pseudo-random number in [-1, 1) for expert (r, c): its dot's jitter. */
+  function jitter(r, c, salt) {
+    let h = Math.imul(r + 1, 73856093) ^ Math.imul(c + 1, 19349663) ^ Math.imul(salt, 83492791);
+    h = Math.imul(h ^ (h >>> 13), 1274126177);
+    h ^= h >>> 16;
+    return ((h >>> 0) / 4294967296) * 2 - 1;
+  }
+
+  /** Each expert a dot: placed by its affinity (every topic a direction on a circle), sized by its
+   *  share of the routed tokens, coloured by its dominant topic. */
+  function drawAtlas() {
+    if (!atlas || el.atlasMap.hidden) return;
+    const dpr = window.devicePixelRatio || 1;
+    const side = Math.max(120, Math.min(ATLAS_MAX_SIDE, el.atlasMap.parentElement.clientWidth || 300));
+    const px = Math.round(side * dpr);
+    if (el.atlasMap.width !== px) {
+      el.atlasMap.width = el.atlasMap.height = px;
+      el.atlasMap.style.width = `${side}px`;
+    }
+    const g = el.atlasMap.getContext("2d");
+    g.clearRect(0, 0, px, px);
+    const { rows, cols, topics, share, affinity, dominant } = atlas;
+    const dirs = topics.map((_, k) => {
+      const angle = (2 * Math.PI * k) / topics.length - Math.PI / 2;
+      return [Math.cos(angle), Math.sin(angle)];
+    });
+    const mid = px / 2;
+    const reach = px * 0.36;
+    g.font = `${Math.round(11 * dpr)}px system-ui, sans-serif`;
+    g.textAlign = "center";
+    g.textBaseline = "middle";
+    dirs.forEach(([dx, dy], k) => { // each topic's corner, named
+      g.fillStyle = topicColor(k);
+      g.fillText(topics[k].slice(0, 24), mid + dx * reach * 1.25, mid + dy * reach * 1.25);
+    });
+    let maxShare = 0;
+    for (const row of share) for (const x of row) maxShare = Math.max(maxShare, x);
+    const spread = reach * 0.12;
+    for (let r = 0; r < rows; r++) {
+      for (let c = 0; c < cols; c++) {
+        let x = 0;
+        let y = 0;
+        affinity[r][c].forEach((w, k) => {
+          x += w * dirs[k][0];
+          y += w * dirs[k][1];
+        });
+        const radius = dpr * (1.5 + (maxShare > 0 ? 5 * Math.sqrt(Math.max(0, share[r][c]) / maxShare) : 0));
+        g.beginPath();
+        g.arc(mid + x * reach + jitter(r, c, 1) * spread, mid + y * reach + jitter(r, c, 2) * spread,
+          radius, 0, 2 * Math.PI);
+        g.fillStyle = topicColor(dominant[r][c] < topics.length ? dominant[r][c] : -1);
+        g.globalAlpha = 0.8;
+        g.fill();
+        g.globalAlpha = 1;
+      }
+    }
+  }
+
+  /** The expert map's tooltip line for (r, c): its measured affinity, when the atlas fits the map. */
+  function atlasTip(r, c) {
+    if (!atlas || atlas.rows !== map.rows || atlas.cols !== map.cols) return "";
+    const parts = atlas.affinity[r][c]
+      .map((w, k) => [w, atlas.topics[k]])
+      .filter(([w]) => w > 0.005)
+      .sort((a, b) => b[0] - a[0])
+      .slice(0, 4)
+      .map(([w, t]) => `${t} ${w.toFixed(2)}`);
+    return `\naffinity: ${parts.length ? parts.join(" · ") : "unused"}`;
+  }
+
+  new ResizeObserver(() => drawAtlas()).observe(el.atlasMap.parentElement);
+
   // ---------------------------------------------------------------- start
 
   loadModel();
   poll();
+  pollAtlas();
+  setInterval(pollAtlas, ATLAS_POLL_MS);
   el.prompt.focus();
 }
