@@ -8,7 +8,8 @@ Shown: Enter sends and the answer streams in with its stats, Shift+Enter is a ne
 Escape end a long generation and the server's slot is free again (/health); the runtime panel names
 the model; the expert map draws and changes after a turn (MoE), the dense model says it has none;
 hostile model output (a faked SSE answer) stays text; the page talks only to its own server; no
-horizontal overflow on a 390 px phone; screenshots into docs/screenshots/.
+horizontal overflow on a 390 px phone; a server with an API key: the page asks, a wrong key is
+said to be wrong; the Atlas view; screenshots into docs/screenshots/ (or COLI_SCREENSHOT_DIR).
 
 Skipped, all of it, only when /usr/bin/chromium is missing (the reason the Makefile's set-up step
 gave is printed).
@@ -430,3 +431,28 @@ def test_no_atlas_on_the_dense_server(page, console):
     expect(pg.locator("#no-atlas")).to_be_visible()
     expect(pg.locator("#no-atlas")).to_have_text("No atlas yet: run coli atlas --prompts FILE")
     expect(pg.locator("#atlas-map")).to_be_hidden()
+
+
+# ------------------------------------------------------------------------------------ the API key
+
+
+def test_a_server_with_a_key_asks_once_and_says_when_it_is_wrong(page):
+    """``--api-key``: the first turn gets 401 and the page asks for the key (``#key-form``); a wrong
+    key is a clear message in ``#key-error``, not a silent failure; the right one sends the turn,
+    and is kept in this tab's sessionStorage only."""
+    page, _seen = page
+    with running_server("--ctx", "1024", "--api-key", "s3cret") as srv:
+        load(page, srv)
+        configure(page, 4, "0")
+        send(page, "Hello")
+        form = page.locator("#key-form")
+        expect(form).to_be_visible()
+        page.locator("#api-key").fill("wrong")
+        page.locator("#api-key").press("Enter")
+        expect(page.locator("#key-error")).to_be_visible()
+        expect(page.locator("#key-error")).not_to_be_empty()
+        page.locator("#api-key").fill("s3cret")
+        page.locator("#api-key").press("Enter")
+        assert wait_reply_done(page)
+        stored = page.evaluate("() => Object.values(sessionStorage)")
+        assert "s3cret" in stored and page.evaluate("() => Object.values(localStorage)").count("s3cret") == 0
