@@ -294,3 +294,13 @@ def test_submit_ids_payload_must_be_ids(payload):
     events = read_requests([blob])
     assert [type(e) for e in events] == [ProtocolError, Cancel, EndOfInput]
     assert events[0].id == 4 and events[0].code == ErrorCode.BAD_REQUEST
+
+
+def test_prof_counts_are_exact_and_an_infinite_count_is_a_bad_frame():
+    """Found by hypothesis: PROF's counts went through float and lost 1 past 2**53; and a count
+    of ``inf`` raised OverflowError out of the reader instead of a BAD_FRAME."""
+    big = 2**53 + 1
+    [prof] = ResponseReader().receive_data(f"PROF 1 0.5 {big} 2 0 0 0 0 0 {big}\n".encode())
+    assert (prof.prompt_tokens, prof.forwards) == (big, big)
+    [bad] = ResponseReader().receive_data(b"PROF 1 0.5 inf 2 0 0 0 0 0 3\n")
+    assert isinstance(bad, ProtocolError) and bad.code == ErrorCode.BAD_FRAME

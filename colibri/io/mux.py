@@ -359,7 +359,7 @@ class ResponseReader:
                 case Line(data=line):
                     try:
                         event = self._line(line)
-                    except (ValueError, IndexError):
+                    except (ValueError, IndexError, OverflowError):  # int(float("inf")) is an OverflowError
                         event = ProtocolError(0, ErrorCode.BAD_FRAME, f"malformed line {line[:40]!r}")
                     if event is not None:
                         out.append(event)
@@ -383,7 +383,7 @@ class ResponseReader:
             return Accept(int(f[1]), int(f[2]))
         if kind == "PROF":
             t = [float(x) for x in f[2:11]]
-            return Prof(int(f[1]), t[0], int(t[1]), int(t[2]), *t[3:8], int(t[8]))
+            return Prof(int(f[1]), t[0], _count(f[3]), _count(f[4]), *t[3:8], _count(f[10]))
         if kind == "DONE":
             return Done(int(f[1]), int(f[3]), float(f[4]), float(f[5]), float(f[6]), int(f[7]), f[8] == "1",
                         _saved(f[9:10]))
@@ -419,3 +419,8 @@ class ResponseReader:
             g = f[2:]
             return Gpus(tuple(Gpu(float(g[3 * i]), float(g[3 * i + 1]), int(g[3 * i + 2])) for i in range(n)))
         return UnknownLine(line)
+
+
+def _count(field: str) -> int:
+    """A PROF count: exact as an integer (a float loses counts past 2**53), or a peer's ``12.0``."""
+    return int(field) if field.isdigit() else int(float(field))
