@@ -398,8 +398,7 @@ class ChannelSession:
             return await self.error(msg_id, MALFORMED, "the probe does not fit the context")
         await self._sync_slot()
         r = await self.engine.probe(SLOT, prompt, list(probe.candidates), steps)
-        await self.send(msg_id, cf.AutonomicResult(r.selected_index, r.winning_token, r.confidence,
-                                                   r.entropy, r.cost_ms, r.text[:0xFFFF]))
+        await self.send(msg_id, r)
 
     async def _sync_slot(self) -> None:
         """Feed the context's tail (the last sampled token) so the slot holds all of it."""

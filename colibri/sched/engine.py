@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import trio
 
+from colibri.io import channel_frames as cf
 from colibri.io import mux
 from colibri.io.events import TOPK_CANDIDATES, Accept, Data, Error, ErrorCode, Hits, Submit, TopK
 from colibri.model.grammar import GrammarError, GrammarVocab
@@ -28,7 +29,7 @@ from colibri.model.interface import EngineModel
 from colibri.model.sampling import Sampler, SamplingParams, top_candidates
 from colibri.sched import persist, telemetry
 from colibri.sched.planner import StepPlan, plan_step
-from colibri.sched.probe import ProbeResult, run_probe
+from colibri.sched.probe import run_probe
 from colibri.sched.requests import Emit, OnToken, Request, Slot
 
 MAX_SLOTS = 16  # the protocol's limit: slot fields and KV_SLOTS are 1..16
@@ -269,7 +270,7 @@ class Engine:
         return self.slots[slot].owner is not None
 
     async def probe(self, slot: int, prompt: list[int], candidates: list[int],
-                    max_decode: int) -> ProbeResult:
+                    max_decode: int) -> cf.AutonomicResult:
         """PROBE_AUTONOMIC on ``slot`` between steps (``probe.py``); the caller checked the room."""
         s = self.slots[slot]
         async with self.step_lock:

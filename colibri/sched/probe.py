@@ -1,5 +1,5 @@
-"""PROBE_AUTONOMIC (the Channel protocol): a question put to the conversation's current KV state
-that leaves no trace in it.
+"""PROBE_AUTONOMIC (the Channel protocol; the reply is the codec's AutonomicResult): a question put
+to the conversation's current KV state that leaves no trace in it.
 
 The probe's rows go at the positions after the slot's history and its tokens never join the
 history, so the next turn's rows overwrite them before any attention reads them: the state is
@@ -13,24 +13,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from colibri.io import channel_frames as cf
 from colibri.model.interface import EngineModel
 from colibri.model.kv_cache import KVCache
 
-NO_CANDIDATE = 0xFFFF  # selected_index of a micro-decode, or of a probe over the whole vocabulary
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    selected_index: int
-    winning_token: int
-    confidence: float
-    entropy: float
-    cost_ms: float
-    text: bytes
+# selected_index of a micro-decode, or of a probe over the whole vocabulary (the wire's value)
+NO_CANDIDATE = cf.SELECTED_GENERATIVE
+MAX_TEXT = 0xFFFF  # AUTONOMIC_RESULT's text_len is a u16
 
 
 def choose(logits: np.ndarray, candidates: Sequence[int]) -> tuple[int, int, float, float]:
@@ -48,7 +40,8 @@ def choose(logits: np.ndarray, candidates: Sequence[int]) -> tuple[int, int, flo
 
 
 def run_probe(model: EngineModel, kv: KVCache, slot: int, start: int, prompt: Sequence[int],
-              candidates: Sequence[int], max_decode: int, stop_ids: frozenset[int] | set[int]) -> ProbeResult:
+              candidates: Sequence[int], max_decode: int,
+              stop_ids: frozenset[int] | set[int]) -> cf.AutonomicResult:
     """The probe of the module docstring, rows from position ``start`` of ``slot`` (the caller holds
     the step lock and has checked that ``start + len(prompt) + max_decode`` fits the context)."""
     t0 = time.perf_counter()
@@ -72,4 +65,5 @@ def run_probe(model: EngineModel, kv: KVCache, slot: int, start: int, prompt: Se
                                    np.asarray([pos], np.int64), kv, np.asarray([0], np.int64), 1)[0]
             pos += 1
     text = model.tokenizer.decode(out).encode() if out else b""
-    return ProbeResult(index, token, confidence, entropy, (time.perf_counter() - t0) * 1000.0, text)
+    cost_ms = (time.perf_counter() - t0) * 1000.0
+    return cf.AutonomicResult(index, token, confidence, entropy, cost_ms, text[:MAX_TEXT])
