@@ -44,14 +44,17 @@ class Engine:
         self._wait(lambda e: isinstance(e, Ready))
 
     def _events(self):
+        """(the time its bytes were read, event), as they come."""
         while True:
             data = self.proc.stdout.read1(1 << 16)
             if not data:
                 raise RuntimeError("the engine exited")
-            yield from self.reader.receive_data(data)
+            now = time.perf_counter()
+            for event in self.reader.receive_data(data):
+                yield now, event
 
     def _wait(self, pred) -> None:
-        for event in self._events():
+        for _, event in self._events():
             if pred(event):
                 return
 
@@ -64,9 +67,9 @@ class Engine:
         self.proc.stdin.flush()
         first_seen: dict[int, float] = {}
         emitted, pending = 0, set(ids)
-        for event in self._events():
+        for now, event in self._events():
             if isinstance(event, Data) and event.id not in first_seen:
-                first_seen[event.id] = time.perf_counter()
+                first_seen[event.id] = now
             elif isinstance(event, Done) and event.id in pending:
                 emitted += event.emitted - 1  # tokens after each stream's first
                 pending.discard(event.id)

@@ -35,17 +35,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import bench_engine
 import numpy as np
 
 from colibri.api.structured import json_grammar
-from colibri.io.events import Data, Done, Error, Ready, Submit
-from colibri.io.mux import ResponseReader, encode_request
+from colibri.io.events import Data, Done, Error, Submit
+from colibri.io.mux import encode_request
 from colibri.model.grammar import GrammarVocab
 from colibri.model.text import ModelText
 from colibri.settings import default_model_path
@@ -86,29 +85,8 @@ class Run:
     together: float  # tokens while every stream runs / (first DONE - last stream's first token)
 
 
-class Engine:
-    def __init__(self, model: str | None) -> None:
-        cmd = [sys.executable, "-m", "colibri", "engine", "--kv-slots", "16", "--no-persist", "--ctx", "512"]
-        if model:
-            cmd += ["--model", model]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.reader = ResponseReader()
-        self.next_id = 1
-        self._wait(lambda e: isinstance(e, Ready))
-
-    def _events(self):
-        while True:
-            data = self.proc.stdout.read1(1 << 16)
-            if not data:
-                raise RuntimeError("the engine exited")
-            now = time.perf_counter()
-            for event in self.reader.receive_data(data):
-                yield now, event
-
-    def _wait(self, pred) -> None:
-        for _, event in self._events():
-            if pred(event):
-                return
+class Engine(bench_engine.Engine):
+    """bench_engine's engine process (16 slots, no persistence), run with a grammar and seeds."""
 
     def run(self, n: int, tokens: int, grammar: str | None, seed: int) -> Run:
         ids = list(range(self.next_id, self.next_id + n))
