@@ -8,11 +8,11 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from memory_harness import ARCHIVE_EMPTY, NO_MATCHES, OK, opened, users
 
 from colibri.sched import memory
 from colibri.sched.memory import (
@@ -26,18 +26,8 @@ from colibri.sched.memory import (
     Turn,
 )
 
-OK, NO_MATCHES, ARCHIVE_EMPTY = 0, 1, 2  # MEM_RESPONSE's status values, as the notes give them
 NOW = 1_800_000_000_000  # a fixed "now" (unix ms) for the recency tests
 HOUR, DAY = 3600_000, 86400_000
-
-
-def opened(path: Path | None) -> tuple[EpisodicMemory, list[str]]:
-    warnings: list[str] = []
-    return EpisodicMemory(path, warn=warnings.append), warnings
-
-
-def users(recall: Recall) -> list[str]:
-    return [t.user for t in recall.turns]
 
 
 # --- round trips ------------------------------------------------------------------------------------

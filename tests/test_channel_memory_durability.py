@@ -15,21 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+from memory_harness import ARCHIVE_EMPTY, opened, users
 
 from colibri.sched import memory
-from colibri.sched.memory import MEMORY_FILE, EpisodicMemory, MemoryStoreError, Recall
+from colibri.sched.memory import MEMORY_FILE, EpisodicMemory, MemoryStoreError
 
 REPO = Path(__file__).resolve().parent.parent
-ARCHIVE_EMPTY = 2  # MEM_RESPONSE's status value, as the notes give it
-
-
-def opened(path: Path | None) -> tuple[EpisodicMemory, list[str]]:
-    warnings: list[str] = []
-    return EpisodicMemory(path, warn=warnings.append), warnings
-
-
-def users(recall: Recall) -> list[str]:
-    return [t.user for t in recall.turns]
 
 
 # --- the file's settings ----------------------------------------------------------------------------
