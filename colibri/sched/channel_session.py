@@ -39,7 +39,7 @@ STATUS_EVERY_TOKENS = 16  # the notes' "STATUS(generating) every few tokens": li
 ELASTIC_MIN_TOKENS = 8  # thought tokens before the gate may yield: a yield per word helps no one
 MAX_PROBE_TOKENS = 256  # a micro-decode is a reflex, not a turn
 THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"  # the reasoning block (docs: templates)
-SENTENCE_ENDS = (".", "!", "?", "\n")
+SENTENCE_ENDS = (b".", b"!", b"?", b"\n")  # a token ending one of these ends a sentence or paragraph
 
 Send = Callable[[int, object], Awaitable[None]]
 
@@ -281,15 +281,15 @@ class ChannelSession:
             elif turn.thought_tokens >= self.config.frame.thinking_budget:
                 turn.ending = "close"
             elif (self.config.thinking_gate and turn.since_yield >= ELASTIC_MIN_TOKENS
-                  and text.rstrip(b" ").endswith(tuple(e.encode() for e in SENTENCE_ENDS))):
+                  and text.rstrip(b" ").endswith(SENTENCE_ENDS)):
                 turn.ending = "yield"
             return
         turn.content += text
         frame = cf.StreamContent(token, clock, self.layer_mask, cf.TOKEN_TEXT, text)
-        if turn.tool_mode == "none":
+        if turn.tool_mode == "none" or turn.plain:
             await self.send(turn.msg_id, frame)
             return
-        start = bytes(turn.content).lstrip()
+        start = bytes(turn.content).lstrip()  # short: only until the answer is known to be text
         if turn.calling or start.startswith(CALL_OPEN.encode()):
             turn.calling = True
             turn.held.append(frame)
@@ -298,6 +298,7 @@ class ChannelSession:
         elif CALL_OPEN.encode().startswith(start):
             turn.held.append(frame)  # may still become a call
         else:
+            turn.plain = True  # text, not a call: no need to look again
             for held in turn.held:
                 await self.send(turn.msg_id, held)
             turn.held.clear()

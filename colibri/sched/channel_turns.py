@@ -103,6 +103,7 @@ class Turn:
     content: bytearray = field(default_factory=bytearray)
     held: list[cf.StreamContent] = field(default_factory=list)  # content that may be a tool call
     calling: bool = False
+    plain: bool = False  # the answer is text: a call is read only at its start
     ending: str | None = None  # "close" (the budget), "yield", "abort", "call"
     request: int = 0  # the engine request generating now
 
