@@ -2,68 +2,28 @@
 
 The grammar contract (the engine's ``colibri/model/grammar.py``): a ``str`` that
 ``llguidance.gbnf_to_lark.any_to_lark`` turns into Lark and ``LLMatcher.grammar_from_lark``
-compiles. Ours is llguidance's Lark with an embedded JSON schema, ``start: %json {...}``, whose
-``x-guidance`` options fix the whitespace (one ``", "`` between items, ``": "`` after a key, none
-elsewhere): left free, a small model sampled at temperature 1 rambles in newlines until
-``max_tokens``. ``lenient`` ignores keywords llguidance does not implement rather than failing a
-schema a client wrote for OpenAI. An object schema that lists ``properties`` and says nothing
-of ``additionalProperties`` gets no other keys (``closed``), as llama.cpp's converter has it: left
-open, the default model invents a ``"description"`` key and rambles in it until ``max_tokens``; the
-output stays valid for the client's schema, which allowed those keys but did not ask for them. A
-schema llguidance cannot compile is the client's 400 here, never the engine's error later.
+compiles. Ours is llguidance's Lark with an embedded JSON schema, ``start: %json {...}``, built by
+``colibri/model/json_grammar.py`` (fixed whitespace, ``lenient``, objects closed to keys they do
+not list). A schema llguidance cannot compile is the client's 400 here, never the engine's error
+later.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import llguidance
 from llguidance.gbnf_to_lark import any_to_lark
 
 from colibri.api.openai_errors import bad, shown
+from colibri.model.json_grammar import json_grammar
 
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
+__all__ = ["checked", "grammar_error", "json_grammar", "response_format_grammar"]
+
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 # How much of llguidance's message a 400 quotes: its first line names the fault; the rest echoes
 # the whole grammar back.
 MAX_ERROR_CHARS = 300
-
-
-# The keywords whose value is a schema, a list of schemas or a map of name -> schema: where
-# ``closed`` looks for object schemas (a property *named* "properties" is a name, not a keyword).
-_ONE_SCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
-               "additionalItems", "unevaluatedItems", "unevaluatedProperties", "propertyNames")
-_SCHEMA_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-
-
-def closed(schema: Any) -> Any:
-    """``schema`` with every object schema that lists ``properties`` but not
-    ``additionalProperties`` (nor ``patternProperties``) closed to other keys (module docstring)."""
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for key in _ONE_SCHEMA:
-        if key in out:
-            out[key] = closed(out[key])
-    for key in _SCHEMA_LIST:
-        if isinstance(out.get(key), list):
-            out[key] = [closed(s) for s in out[key]]
-    for key in _SCHEMA_MAP:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: closed(s) for name, s in out[key].items()}
-    if isinstance(out.get("properties"), dict) and not {"additionalProperties", "patternProperties",
-                                                         "unevaluatedProperties"} & set(out):
-        out["additionalProperties"] = False
-    return out
-
-
-def json_grammar(schema: dict[str, Any]) -> str:
-    """The grammar of one JSON value valid for ``schema``, with our whitespace options."""
-    options = schema.get("x-guidance")
-    options = {**options, **JSON_OPTIONS} if isinstance(options, dict) else JSON_OPTIONS
-    return "start: %json " + json.dumps({**closed(schema), "x-guidance": options}, ensure_ascii=False)
 
 
 def grammar_error(grammar: str) -> str:

@@ -14,10 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from colibri.model.json_grammar import json_item
+
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-# The call's JSON on one line with fixed separators, as the HTTP server's structured outputs: left
-# free, a small model rambles in whitespace.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
 MODES = ("auto", "required")
 
 
@@ -56,9 +55,8 @@ class Tools:
                                  "arguments": t.get("parameters") or {"type": "object"}},
                   "required": ["name", "arguments"], "additionalProperties": False}
                  for t in self.tools]
-        schema = {**({"anyOf": calls} if len(calls) > 1 else calls[0]), "x-guidance": JSON_OPTIONS}
-        return (f"start: {json.dumps(CALL_OPEN)} call {json.dumps(CALL_CLOSE)}\n"
-                f"call: %json {json.dumps(schema, ensure_ascii=False)}\n")
+        schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
+        return f"start: {json.dumps(CALL_OPEN)} call {json.dumps(CALL_CLOSE)}\ncall: {json_item(schema)}\n"
 
     def parse(self, content: str) -> tuple[str, str] | None:
         """(name, arguments JSON) of the call ``content`` starts with, or None if it is not one."""
