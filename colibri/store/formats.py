@@ -32,16 +32,29 @@ class GGMLType(enum.IntEnum):
     Q5_K = 13
     Q6_K = 14
     Q8_K = 15
+    IQ2_XXS = 16
+    IQ2_XS = 17
+    IQ3_XXS = 18
+    IQ1_S = 19
+    IQ4_NL = 20
+    IQ3_S = 21
+    IQ2_S = 22
+    IQ4_XS = 23
     I8 = 24
     I16 = 25
     I32 = 26
     I64 = 27
     F64 = 28
+    IQ1_M = 29
     BF16 = 30
+    TQ1_0 = 34
+    TQ2_0 = 35
 
 
 # Elements per block of the 32-element formats (Q4_0, Q4_1, Q8_0 …): the unit one scale covers.
 BLOCK = 32
+# Elements per super-block of the K-quants and IQ formats (ggml's QK_K).
+QK_K = 256
 
 
 class Kind(enum.IntEnum):
@@ -50,6 +63,7 @@ class Kind(enum.IntEnum):
     FLOAT = 0  # widened to float32 rows, multiplied by BLAS
     Q4 = 1  # 4-bit quants, two per byte, with a float32 scale and offset per block
     Q8 = 2  # 8-bit quants (stored biased, q + 128), with a float32 scale and offset per block
+    BLOCKS = 3  # the file's own blocks, decoded a few rows at a time (``colibri.store.blocks``)
 
 
 class PackLayout(NamedTuple):
@@ -183,15 +197,28 @@ FORMATS: dict[GGMLType, BlockFormat] = _table(
     BlockFormat(GGMLType.Q8_0, BLOCK, 34, Kind.Q8,
                 PackLayout(quants_at=2, min_at=-1, offset_scale=-128.0, flip=0x80),
                 _dequantize_q8_0, _quantize_q8_0),
-    BlockFormat(GGMLType.Q5_0, BLOCK, 22),
-    BlockFormat(GGMLType.Q5_1, BLOCK, 24),
+    # Computed on in place (Kind.BLOCKS): their reference dequantizer is the kernels' decoder.
+    BlockFormat(GGMLType.Q5_0, BLOCK, 22, Kind.BLOCKS),
+    BlockFormat(GGMLType.Q5_1, BLOCK, 24, Kind.BLOCKS),
+    BlockFormat(GGMLType.Q2_K, QK_K, 84, Kind.BLOCKS),
+    BlockFormat(GGMLType.Q3_K, QK_K, 110, Kind.BLOCKS),
+    BlockFormat(GGMLType.Q4_K, QK_K, 144, Kind.BLOCKS),
+    BlockFormat(GGMLType.Q5_K, QK_K, 176, Kind.BLOCKS),
+    BlockFormat(GGMLType.Q6_K, QK_K, 210, Kind.BLOCKS),
+    BlockFormat(GGMLType.IQ4_NL, BLOCK, 18, Kind.BLOCKS),
+    BlockFormat(GGMLType.IQ4_XS, QK_K, 136, Kind.BLOCKS),
+    # Known sizes only: listed and bounds-checked, not computed on.
     BlockFormat(GGMLType.Q8_1, BLOCK, 40),
-    BlockFormat(GGMLType.Q2_K, 256, 84),
-    BlockFormat(GGMLType.Q3_K, 256, 110),
-    BlockFormat(GGMLType.Q4_K, 256, 144),
-    BlockFormat(GGMLType.Q5_K, 256, 176),
-    BlockFormat(GGMLType.Q6_K, 256, 210),
-    BlockFormat(GGMLType.Q8_K, 256, 292),
+    BlockFormat(GGMLType.Q8_K, QK_K, 292),
+    BlockFormat(GGMLType.IQ2_XXS, QK_K, 66),
+    BlockFormat(GGMLType.IQ2_XS, QK_K, 74),
+    BlockFormat(GGMLType.IQ3_XXS, QK_K, 98),
+    BlockFormat(GGMLType.IQ1_S, QK_K, 50),
+    BlockFormat(GGMLType.IQ3_S, QK_K, 110),
+    BlockFormat(GGMLType.IQ2_S, QK_K, 82),
+    BlockFormat(GGMLType.IQ1_M, QK_K, 56),
+    BlockFormat(GGMLType.TQ1_0, QK_K, 54),
+    BlockFormat(GGMLType.TQ2_0, QK_K, 66),
     BlockFormat(GGMLType.I8, 1, 1),
     BlockFormat(GGMLType.I16, 1, 2),
     BlockFormat(GGMLType.I32, 1, 4),
@@ -226,10 +253,14 @@ def row_nbytes(gtype: GGMLType, n_elements: int) -> int:
 def dequantize(raw: np.ndarray, gtype: GGMLType, n_elements: int) -> np.ndarray:
     """Reference dequantization of ``n_elements`` values from the bytes ``raw`` to float32."""
     fmt = FORMATS.get(gtype)
-    if fmt is None or fmt.dequantize is None:
+    if fmt is None or (fmt.dequantize is None and fmt.kind != Kind.BLOCKS):
         raise ValueError(f"no dequantizer for {GGMLType(gtype).name}")
     raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
     blocks = raw[: n_elements // fmt.block * fmt.nbytes].reshape(-1, fmt.nbytes)
+    if fmt.dequantize is None:  # computed on in place: the kernels' own decoder is the definition
+        from colibri.store.blocks import dequantize_blocks  # it imports this module
+
+        return dequantize_blocks(blocks, fmt.gtype)[:n_elements].copy()
     return np.ascontiguousarray(fmt.dequantize(blocks).reshape(-1)[:n_elements], dtype=np.float32).copy()
 
 

@@ -1,0 +1,235 @@
+"""The formats computed on in place: decoders of one raw GGUF row into float32, per block format.
+
+Q5_0/Q5_1, the K-quants (Q2_K … Q6_K, 256-value super-blocks of 16- or 32-value sub-blocks with
+their own 4- to 8-bit scales) and the IQ4 grids do not fit the packed layout's ``d * q + m`` per
+32-value block, and packing them would make a copy bigger than the file. So the kernels read the
+file's blocks as they are (a matrix's rows, ``Kind.BLOCKS`` in ``formats.py``) and decode a few rows
+at a time into a small float32 tile (``colibri.model.kernels.quant_matmul``). The layouts are
+llama.cpp's ``ggml-common.h``; the arithmetic follows its ``dequantize_row_*`` so values agree with
+the file's reference dequantizer to float32 rounding.
+
+numba has no float16 on the CPU: halves are read through a table (``half``).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from colibri.store.formats import BLOCK, FORMATS, GGMLType
+
+# numba options for every kernel on quantized data. fastmath without 'reassoc': no loop here needs
+# reassociation (the lanes are independent), and without it a row's result is bitwise the same
+# whether it is computed alone or in a batch.
+JIT_OPTIONS = dict(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz", "arcp", "contract", "afn"})
+
+# IEEE half -> float32 for every bit pattern: numba has no float16 on the CPU, and a 256 KB table
+# lookup is cheaper than decoding exponent and mantissa by hand.
+F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+
+# Values per K-quant super-block (ggml's QK_K).
+QK_K = 256
+# The non-linear 4-bit grid of IQ4_NL and IQ4_XS (ggml-common.h's kvalues_iq4nl).
+IQ4_GRID = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+
+# Type ids and block sizes as plain ints: numba reads module constants, not the table.
+T_Q5_0, T_Q5_1 = int(GGMLType.Q5_0), int(GGMLType.Q5_1)
+T_Q2_K, T_Q3_K, T_Q4_K = int(GGMLType.Q2_K), int(GGMLType.Q3_K), int(GGMLType.Q4_K)
+T_Q5_K, T_Q6_K = int(GGMLType.Q5_K), int(GGMLType.Q6_K)
+T_IQ4_NL, T_IQ4_XS = int(GGMLType.IQ4_NL), int(GGMLType.IQ4_XS)
+_SIZE = {t: FORMATS[GGMLType(t)].nbytes for t in (T_Q5_0, T_Q5_1, T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K,
+                                                   T_Q6_K, T_IQ4_NL, T_IQ4_XS)}
+Q5_0_SIZE, Q5_1_SIZE, Q2_K_SIZE, Q3_K_SIZE = _SIZE[T_Q5_0], _SIZE[T_Q5_1], _SIZE[T_Q2_K], _SIZE[T_Q3_K]
+Q4_K_SIZE, Q5_K_SIZE, Q6_K_SIZE = _SIZE[T_Q4_K], _SIZE[T_Q5_K], _SIZE[T_Q6_K]
+IQ4_NL_SIZE, IQ4_XS_SIZE = _SIZE[T_IQ4_NL], _SIZE[T_IQ4_XS]
+# The formats decoded here.
+IN_PLACE = frozenset(GGMLType(t) for t in _SIZE)
+
+
+@nb.njit(inline="always", **JIT_OPTIONS)
+def half(lo: np.uint8, hi: np.uint8) -> np.float32:
+    """The IEEE half whose little-endian bytes are (lo, hi), as float32."""
+    return F16_TABLE[np.int64(lo) | (np.int64(hi) << 8)]
+
+
+@nb.njit(inline="always", **JIT_OPTIONS)
+def _u32(w: np.ndarray, at: int) -> np.int64:
+    return (np.int64(w[at]) | (np.int64(w[at + 1]) << 8) | (np.int64(w[at + 2]) << 16)
+            | (np.int64(w[at + 3]) << 24))
+
+
+@nb.njit(**JIT_OPTIONS)
+def _q5(w: np.ndarray, out: np.ndarray, size: int, with_min: bool) -> None:
+    """Q5_0 (``d * (q - 16)``) and Q5_1 (``d * q + m``): 4 low bits in qs, the fifth in qh."""
+    for b in range(out.shape[0] // BLOCK):
+        base = b * size
+        d = half(w[base], w[base + 1])
+        m = half(w[base + 2], w[base + 3]) if with_min else np.float32(0.0)
+        qh = _u32(w, base + 4 if with_min else base + 2)
+        qs = base + size - 16
+        bias = 0 if with_min else 16
+        for j in range(16):
+            h0 = ((qh >> j) << 4) & 0x10
+            h1 = (qh >> (j + 12)) & 0x10
+            x0 = np.float32(((np.int64(w[qs + j]) & 0x0F) | h0) - bias)
+            x1 = np.float32(((np.int64(w[qs + j]) >> 4) | h1) - bias)
+            out[b * BLOCK + j] = x0 * d + m
+            out[b * BLOCK + j + 16] = x1 * d + m
+
+
+@nb.njit(**JIT_OPTIONS)
+def _q2_k(w: np.ndarray, out: np.ndarray) -> None:
+    """scales[16] (4-bit scale, 4-bit min), qs[64] (2 bits), d, dmin."""
+    for b in range(out.shape[0] // QK_K):
+        base = b * Q2_K_SIZE
+        d, dmin = half(w[base + 80], w[base + 81]), half(w[base + 82], w[base + 83])
+        y, s = b * QK_K, base
+        for n in range(2):
+            q = base + 16 + 32 * n
+            for shift in range(0, 8, 2):
+                for half_ in range(2):
+                    sc = np.int64(w[s])
+                    s += 1
+                    dl, ml = d * np.float32(sc & 0xF), dmin * np.float32(sc >> 4)
+                    for l in range(16):
+                        out[y] = dl * np.float32((np.int64(w[q + 16 * half_ + l]) >> shift) & 3) - ml
+                        y += 1
+
+
+@nb.njit(inline="always", **JIT_OPTIONS)
+def _q3_k_scale(w: np.ndarray, s: int, j: int) -> np.int64:
+    """Scale j (0..15) of a Q3_K block whose 12 scale bytes start at s: 6 bits, biased by 32."""
+    i, group = j % 4, j // 4
+    low = np.int64(w[s + i + 4 * (group % 2)])
+    low = (low & 0xF) if group < 2 else (low >> 4)
+    high = (np.int64(w[s + 8 + i]) >> (2 * group)) & 3
+    return (low | (high << 4)) - 32
+
+
+@nb.njit(**JIT_OPTIONS)
+def _q3_k(w: np.ndarray, out: np.ndarray) -> None:
+    """hmask[32] (the third bit), qs[64] (2 bits), scales[12] (16 six-bit scales), d."""
+    for b in range(out.shape[0] // QK_K):
+        base = b * Q3_K_SIZE
+        d = half(w[base + 108], w[base + 109])
+        y, j, bit = b * QK_K, 0, 1
+        for n in range(2):
+            q = base + 32 + 32 * n
+            for shift in range(0, 8, 2):
+                for half_ in range(2):
+                    dl = d * np.float32(_q3_k_scale(w, base + 96, j))
+                    j += 1
+                    for l in range(16):
+                        lo = (np.int64(w[q + 16 * half_ + l]) >> shift) & 3
+                        hi = 0 if np.int64(w[base + 16 * half_ + l]) & bit else 4
+                        out[y] = dl * np.float32(lo - hi)
+                        y += 1
+                bit <<= 1
+
+
+@nb.njit(inline="always", **JIT_OPTIONS)
+def _scale_min_k4(w: np.ndarray, s: int, j: int) -> tuple[np.int64, np.int64]:
+    """Scale and min j (0..7) of a Q4_K/Q5_K block, six bits each, packed in 12 bytes at s."""
+    if j < 4:
+        return np.int64(w[s + j]) & 63, np.int64(w[s + j + 4]) & 63
+    sc = (np.int64(w[s + j + 4]) & 0xF) | ((np.int64(w[s + j - 4]) >> 6) << 4)
+    m = (np.int64(w[s + j + 4]) >> 4) | ((np.int64(w[s + j]) >> 6) << 4)
+    return sc, m
+
+
+@nb.njit(**JIT_OPTIONS)
+def _q45_k(w: np.ndarray, out: np.ndarray, size: int, fifth_bit: bool) -> None:
+    """Q4_K: d, dmin, scales[12], qs[128]; Q5_K adds qh[32] (the fifth bit) before qs."""
+    for b in range(out.shape[0] // QK_K):
+        base = b * size
+        d, dmin = half(w[base], w[base + 1]), half(w[base + 2], w[base + 3])
+        qs = base + (48 if fifth_bit else 16)
+        for j64 in range(4):
+            sc, mn = _scale_min_k4(w, base + 4, 2 * j64)
+            d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
+            sc, mn = _scale_min_k4(w, base + 4, 2 * j64 + 1)
+            d2, m2 = d * np.float32(sc), dmin * np.float32(mn)
+            y, q = b * QK_K + 64 * j64, qs + 32 * j64
+            for l in range(32):
+                v = np.int64(w[q + l])
+                h1 = h2 = 0
+                if fifth_bit:
+                    h = np.int64(w[base + 16 + l])
+                    h1 = 16 if h & (1 << (2 * j64)) else 0
+                    h2 = 16 if h & (2 << (2 * j64)) else 0
+                out[y + l] = d1 * np.float32((v & 0xF) + h1) - m1
+                out[y + 32 + l] = d2 * np.float32((v >> 4) + h2) - m2
+
+
+@nb.njit(**JIT_OPTIONS)
+def _q6_k(w: np.ndarray, out: np.ndarray) -> None:
+    """ql[128] (low 4 bits), qh[64] (high 2 bits), scales int8[16], d."""
+    for b in range(out.shape[0] // QK_K):
+        base = b * Q6_K_SIZE
+        d = half(w[base + 208], w[base + 209])
+        for n in range(2):
+            ql, qh, sc, y = base + 64 * n, base + 128 + 32 * n, base + 192 + 8 * n, b * QK_K + 128 * n
+            for l in range(32):
+                lo0, lo1, h = np.int64(w[ql + l]), np.int64(w[ql + l + 32]), np.int64(w[qh + l])
+                qv = ((lo0 & 0xF) | ((h & 3) << 4), (lo1 & 0xF) | (((h >> 2) & 3) << 4),
+                      (lo0 >> 4) | (((h >> 4) & 3) << 4), (lo1 >> 4) | (((h >> 6) & 3) << 4))
+                for k in range(4):
+                    s = np.int64(w[sc + l // 16 + 2 * k])
+                    s = s - 256 if s >= 128 else s
+                    out[y + l + 32 * k] = d * np.float32(s) * np.float32(qv[k] - 32)
+
+
+@nb.njit(**JIT_OPTIONS)
+def _iq4(w: np.ndarray, out: np.ndarray, xs: bool) -> None:
+    """IQ4_NL: d, qs[16] per 32 values on the grid; IQ4_XS: d, scales_h, scales_l[4], qs[128] per 256,
+    a six-bit scale per 32 values."""
+    per = QK_K if xs else BLOCK
+    size = IQ4_XS_SIZE if xs else IQ4_NL_SIZE
+    for b in range(out.shape[0] // per):
+        base = b * size
+        d = half(w[base], w[base + 1])
+        for ib in range(per // BLOCK):
+            dl, qs = d, base + 2
+            if xs:
+                scales_h = np.int64(w[base + 2]) | (np.int64(w[base + 3]) << 8)
+                ls = ((np.int64(w[base + 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)
+                dl, qs = d * np.float32(ls - 32), base + 8 + 16 * ib
+            y = b * per + BLOCK * ib
+            for j in range(16):
+                v = np.int64(w[qs + j])
+                out[y + j] = dl * IQ4_GRID[v & 0xF]
+                out[y + j + 16] = dl * IQ4_GRID[v >> 4]
+
+
+@nb.njit(**JIT_OPTIONS)
+def decode_row(w: np.ndarray, gtype: int, out: np.ndarray) -> bool:
+    """Decode one raw row ``w`` of an in-place format into ``out``; False for any other type."""
+    if gtype == T_Q5_0:
+        _q5(w, out, Q5_0_SIZE, False)
+    elif gtype == T_Q5_1:
+        _q5(w, out, Q5_1_SIZE, True)
+    elif gtype == T_Q2_K:
+        _q2_k(w, out)
+    elif gtype == T_Q3_K:
+        _q3_k(w, out)
+    elif gtype == T_Q4_K:
+        _q45_k(w, out, Q4_K_SIZE, False)
+    elif gtype == T_Q5_K:
+        _q45_k(w, out, Q5_K_SIZE, True)
+    elif gtype == T_Q6_K:
+        _q6_k(w, out)
+    elif gtype == T_IQ4_NL:
+        _iq4(w, out, False)
+    elif gtype == T_IQ4_XS:
+        _iq4(w, out, True)
+    else:
+        return False
+    return True
+
+
+def dequantize_blocks(blocks: np.ndarray, gtype: GGMLType) -> np.ndarray:
+    """The table's reference dequantizer for these formats: raw blocks [n, bytes] -> float32."""
+    fmt = FORMATS[gtype]
+    out = np.empty(blocks.shape[0] * fmt.block, np.float32)
+    decode_row(np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1), int(gtype), out)
+    return out
