@@ -3,6 +3,7 @@ type the kernels do not compute on."""
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 
@@ -16,9 +17,16 @@ def test_every_type_has_its_geometry_and_the_computed_ones_everything():
     assert set(FORMATS) == set(GGMLType)
     for t, fmt in FORMATS.items():
         assert fmt.gtype == t and fmt.block >= 1 and fmt.nbytes >= 1
-        if t in SUPPORTED:
-            assert fmt.kind is not None and fmt.dequantize and fmt.quantize
-            assert (fmt.pack is not None) == (fmt.kind != Kind.FLOAT)
+        if t in SUPPORTED and fmt.kind != Kind.BLOCKS:
+            assert fmt.dequantize and fmt.quantize
+        if t in SUPPORTED:  # packing layouts exactly for the packed kinds
+            assert (fmt.pack is not None) == (fmt.kind in (Kind.Q4, Kind.Q8))
+
+
+def test_geometry_is_ggmls():
+    """Block sizes as the gguf package (ggml's own table) has them, for every type it knows."""
+    for t, fmt in FORMATS.items():
+        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(t))] == (fmt.block, fmt.nbytes), t.name
 
 
 @pytest.mark.parametrize("gtype", UNSUPPORTED, ids=lambda t: t.name)

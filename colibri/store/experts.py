@@ -268,8 +268,8 @@ class ExpertStore:
         gate, up, down = self._tensors[layer]
         parts = [self._slice(name, expert) for name in (gate, up)]
         return ExpertWeights(
-            gate_up=make_weight(parts, self.gguf.tensors[gate].shape[0]),
-            down=make_weight([self._slice(down, expert)], self.gguf.tensors[down].shape[0]),
+            gate_up=make_weight(parts, self.gguf.tensors[gate].shape[0], copy=True),
+            down=make_weight([self._slice(down, expert)], self.gguf.tensors[down].shape[0], copy=True),
         )
 
     def _slice(self, name: str, expert: int) -> tuple[np.ndarray, int]:

@@ -10,7 +10,9 @@ row must reduce every block horizontally, which SIMD does badly, so each quantiz
 so the rows of a group are SIMD lanes (``colibri.model.kernels.quant_matmul``). The bits stay 4- or
 8-bit; only the scales widen to float32. Float formats, and stacks that mix kinds, are widened to
 float32 rows. Packing is deterministic, so a resident copy and one packed from the file on a miss
-give the same bits. The formats themselves are the table in ``formats.py``.
+give the same bits. The formats themselves are the table in ``formats.py``. The formats that do not
+fit this layout (Q5, the K-quants, IQ4) are not packed: their weights keep the file's blocks
+(``Kind.BLOCKS``, decoded by ``colibri.store.blocks``), no bigger than the file.
 
 numba widens integer arithmetic on small types to int64, which quarters the SIMD lanes; nibbles are
 therefore split in float32 arithmetic (``nibbles``) and Q8_0's quants kept *biased* (``q + 128``,
@@ -24,7 +26,8 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from colibri.store.formats import BLOCK, FORMATS, GGMLType, Kind, computed_format
+from colibri.store.blocks import F16_TABLE, JIT_OPTIONS, decode_row, half  # noqa: F401 (re-exported)
+from colibri.store.formats import BLOCK, FORMATS, GGMLType, Kind, computed_format, row_nbytes
 
 # Rows interleaved by packing: the SIMD lanes of the direct path. 32, not 16 (one AVX-512
 # vector): LLVM leaves the 16-trip lane loops scalar and vectorizes the 32-trip ones.
@@ -34,7 +37,7 @@ Q4_BYTES = BLOCK // 2
 Q8_BYTES = BLOCK
 
 # The kinds as plain ints, for numba (``Weight.kind``).
-KIND_F32, KIND_Q4, KIND_Q8 = int(Kind.FLOAT), int(Kind.Q4), int(Kind.Q8)
+KIND_F32, KIND_Q4, KIND_Q8, KIND_BLOCKS = int(Kind.FLOAT), int(Kind.Q4), int(Kind.Q8), int(Kind.BLOCKS)
 
 T_F32 = int(GGMLType.F32)
 T_F16 = int(GGMLType.F16)
@@ -48,15 +51,6 @@ Q4_1_NBYTES = FORMATS[GGMLType.Q4_1].nbytes
 Q8_0_NBYTES = FORMATS[GGMLType.Q8_0].nbytes
 Q8_0_QUANTS_AT = FORMATS[GGMLType.Q8_0].pack.quants_at
 
-# IEEE half -> float32 for every bit pattern: numba has no float16 on the CPU, and a 256 KB table
-# lookup is cheaper than decoding exponent and mantissa by hand.
-F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-
-# numba options for every kernel on packed data. fastmath without 'reassoc': no loop here needs
-# reassociation (the lanes are independent), and without it a row's result is bitwise the same
-# whether it is computed alone or in a batch.
-JIT_OPTIONS = dict(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz", "arcp", "contract", "afn"})
-
 
 class Weight(NamedTuple):
     """A matrix in the packed layout. One type for every format, so that a layer's weights form a
@@ -68,6 +62,9 @@ class Weight(NamedTuple):
     d: np.ndarray  # float32 [G, nb, GROUP]
     m: np.ndarray  # float32 [G, nb, GROUP]
     f: np.ndarray  # float32 [N, K], for the float formats
+    raw: np.ndarray  # read-only uint8 [bytes]: Kind.BLOCKS, the rows' file blocks end to end
+    row_at: np.ndarray  # int64 [N]: Kind.BLOCKS, where each row starts in ``raw``
+    row_type: np.ndarray  # int64 [N]: Kind.BLOCKS, each row's block type (stacked parts may differ)
 
 
 class SwiGLUWeights(NamedTuple):
@@ -81,13 +78,21 @@ class SwiGLUWeights(NamedTuple):
 _EMPTY_Q = np.zeros((0, 0, 0, 0), np.uint8)
 _EMPTY_S = np.zeros((0, 0, 0), np.float32)
 _EMPTY_F = np.zeros((0, 0), np.float32)
+_EMPTY_I = np.zeros(0, np.int64)
+# Read-only, as the file's mmap is: every Weight's ``raw`` has one numba type, so a layer's weights
+# stay a homogeneous tuple whichever kinds they hold.
+_EMPTY_RAW = np.zeros(0, np.uint8)
+_EMPTY_RAW.setflags(write=False)
 
 
 def packed_kind(types: list[int]) -> int:
-    """The kind a stack of tensors packs to: their common quantized kind, else float32. An unknown
-    type raises."""
+    """The kind a stack of tensors computes as: their common packed kind (Q4 or Q8); the file's
+    blocks in place when any part is of an in-place format (any mix, row by row); else float32. An
+    unknown type raises."""
     kinds = {int(computed_format(t).kind) for t in types}
-    return kinds.pop() if len(kinds) == 1 else KIND_F32
+    if len(kinds) == 1 and kinds <= {KIND_Q4, KIND_Q8}:
+        return kinds.pop()
+    return KIND_BLOCKS if KIND_BLOCKS in kinds else KIND_F32
 
 
 def packed_nbytes(parts: list[tuple[int, int]], n_cols: int) -> int:
@@ -96,15 +101,20 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int) -> int:
     kind, n_rows = packed_kind([t for _, t in parts]), sum(rows for rows, _ in parts)
     if kind == KIND_F32:
         return n_rows * n_cols * 4
+    if kind == KIND_BLOCKS:  # the file's bytes, and the two row indexes
+        return sum(rows * (row_nbytes(GGMLType(t), n_cols) + 16) for rows, t in parts)
     per = Q4_BYTES if kind == KIND_Q4 else Q8_BYTES  # quant bytes per block per row, then d and m
     return -(-n_rows // GROUP) * GROUP * (n_cols // BLOCK) * (per + 8)
 
 
-def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int) -> Weight:
+def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = False) -> Weight:
     """One matrix from the raw GGUF rows of one or more tensors stacked by rows (q, k and v
-    become one matmul). Parts of one quantized kind pack to it; anything else, or a mix of kinds,
-    is widened to float32."""
+    become one matmul). Parts of one packed kind pack to it; parts of an in-place format keep their
+    bytes (a view of the file when there is one part and not ``copy``: the expert store copies, so
+    that its resident tier owns its bytes); anything else is widened to float32."""
     kind, n_rows = packed_kind([t for _, t in parts]), sum(raw.shape[0] for raw, _ in parts)
+    if kind == KIND_BLOCKS:
+        return _blocks_weight(parts, n_rows, copy)
     if kind != KIND_F32:
         groups, n_blocks = -(-n_rows // GROUP), n_cols // BLOCK
         q = np.zeros((groups, n_blocks, Q4_BYTES if kind == KIND_Q4 else Q8_BYTES, GROUP), np.uint8)
@@ -117,7 +127,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int) -> Weight:
             _pack_rows(raw, fmt.nbytes, layout.quants_at, layout.min_at, layout.offset_scale,
                        np.uint8(layout.flip), row, q, d, m)
             row += raw.shape[0]
-        return Weight(kind, n_rows, q, d, m, _EMPTY_F)
+        return Weight(kind, n_rows, q, d, m, _EMPTY_F, _EMPTY_RAW, _EMPTY_I, _EMPTY_I)
     f = np.empty((n_rows, n_cols), np.float32)
     row = 0
     for raw, t in parts:
@@ -125,7 +135,24 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int) -> Weight:
         for r in range(raw.shape[0]):
             dequantize_row(raw[r], t, f[row])
             row += 1
-    return Weight(KIND_F32, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, f)
+    return Weight(KIND_F32, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, f, _EMPTY_RAW, _EMPTY_I, _EMPTY_I)
+
+
+def _blocks_weight(parts: list[tuple[np.ndarray, int]], n_rows: int, copy: bool) -> Weight:
+    if len(parts) == 1 and not copy:
+        raw = np.ascontiguousarray(parts[0][0]).reshape(-1)
+    else:
+        raw = np.concatenate([np.ascontiguousarray(p).reshape(-1) for p, _ in parts])
+    raw.setflags(write=False)
+    row_at = np.empty(n_rows, np.int64)
+    row_type = np.empty(n_rows, np.int64)
+    row, at = 0, 0
+    for part, t in parts:
+        rows, size = part.shape
+        row_at[row : row + rows] = at + size * np.arange(rows)
+        row_type[row : row + rows] = t
+        row, at = row + rows, at + rows * size
+    return Weight(KIND_BLOCKS, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, _EMPTY_F, raw, row_at, row_type)
 
 
 @nb.njit(inline="always", **JIT_OPTIONS)
@@ -135,12 +162,6 @@ def nibbles(byte: np.uint8) -> tuple[np.float32, np.float32]:
     v = np.float32(byte)
     hi = np.floor(v * np.float32(0.0625))
     return v - np.float32(16.0) * hi, hi
-
-
-@nb.njit(inline="always", **JIT_OPTIONS)
-def half(lo: np.uint8, hi: np.uint8) -> np.float32:
-    """The IEEE half whose little-endian bytes are (lo, hi), as float32."""
-    return F16_TABLE[np.int64(lo) | (np.int64(hi) << 8)]
 
 
 @nb.njit(**JIT_OPTIONS)
@@ -196,5 +217,5 @@ def dequantize_row(w: np.ndarray, gtype: int, out: np.ndarray) -> None:
     elif gtype == T_BF16:
         bits = w[: 2 * k].view(np.uint16).astype(np.uint32) << np.uint32(16)  # stays uint32
         out[:] = bits.view(np.float32)
-    else:
+    elif not decode_row(w, gtype, out):  # the formats computed on in place
         raise ValueError("dequantize_row: a block type the kernels do not compute on")

@@ -1,0 +1,111 @@
+"""The formats computed on in place (Q5_0/Q5_1, the K-quants, IQ4): the kernels' decoder against
+gguf's dequantizer (ggml's reference, reimplemented by llama.cpp's own Python package) on the same
+blocks, the matmul's direct and tiled paths against it, batch invariance, stacks of mixed types,
+and the bytes kept: the file's own, nothing widened."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from test_kernels import T_ROWS, check_matmul
+
+from colibri.model.kernels.quant_matmul import qmatmul
+from colibri.store.blocks import IN_PLACE
+from colibri.store.formats import FORMATS, GGMLType, dequantize
+from colibri.store.packed import KIND_BLOCKS, dequantize_row, make_weight, packed_nbytes
+
+TYPES = sorted(IN_PLACE)
+# Byte offsets of each format's f16 fields (ggml-common.h): set to sane scales, so that random
+# bytes elsewhere make valid blocks covering every quant, scale and high-bit pattern.
+HALVES = {
+    GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
+    GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.IQ4_NL: (0,),
+    GGMLType.IQ4_XS: (0,),
+}
+
+
+def random_rows(rng: np.random.Generator, n: int, k: int, gtype: GGMLType) -> tuple[np.ndarray, np.ndarray]:
+    """(raw rows [n, row bytes], gguf's dequantization of them, float32 [n, k])."""
+    fmt = FORMATS[gtype]
+    blocks = rng.integers(0, 256, (n * k // fmt.block, fmt.nbytes), dtype=np.uint8)
+    for at in HALVES[gtype]:
+        scales = (rng.uniform(0.002, 0.02, len(blocks)) * rng.choice([-1, 1], len(blocks))).astype(np.float16)
+        blocks[:, at : at + 2] = scales.view(np.uint8).reshape(-1, 2)
+    raw = blocks.reshape(n, -1)
+    ref = gguf.quants.dequantize(raw.reshape(-1), gguf.GGMLQuantizationType(int(gtype)))
+    return raw, ref.astype(np.float32).reshape(n, k)
+
+
+def width(gtype: GGMLType, blocks: int) -> int:
+    return FORMATS[gtype].block * blocks
+
+
+@pytest.mark.parametrize("gtype", TYPES, ids=lambda t: t.name)
+def test_decoder_equals_ggufs_dequantizer(gtype: GGMLType):
+    rng = np.random.default_rng(int(gtype))
+    k = width(gtype, 12)
+    raw, ref = random_rows(rng, 5, k, gtype)
+    for r in range(5):
+        out = np.full(k, np.nan, np.float32)
+        dequantize_row(raw[r], int(gtype), out)
+        np.testing.assert_allclose(out, ref[r], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dequantize(raw, gtype, raw.shape[0] * k).reshape(ref.shape), ref,
+                               rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("gtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n,blocks", [(16, 1), (40, 3), (300, 2), (33, 6)])
+def test_qmatmul_matches_dequantized_reference(gtype: GGMLType, n: int, blocks: int):
+    rng = np.random.default_rng(n * 100 + blocks + int(gtype))
+    k = width(gtype, blocks)
+    raw, ref_w = random_rows(rng, n, k, gtype)
+    weight = make_weight([(raw, int(gtype))], k)
+    assert weight.kind == KIND_BLOCKS and weight.n_rows == n
+    for t in T_ROWS:
+        check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref_w)
+
+
+@pytest.mark.parametrize("gtype", TYPES, ids=lambda t: t.name)
+def test_direct_rows_are_batch_independent(gtype: GGMLType):
+    """A decode row's result is bitwise the same alone or batched, on both sides of a group edge."""
+    rng = np.random.default_rng(50 + int(gtype))
+    k = width(gtype, 2)
+    raw, _ = random_rows(rng, 70, k, gtype)
+    weight = make_weight([(raw, int(gtype))], k)
+    x = rng.standard_normal((9, k)).astype(np.float32)
+    batched = np.empty((9, 70), np.float32)
+    qmatmul(x, weight, batched, 9)
+    for i in (0, 4, 8):
+        single = np.empty((1, 70), np.float32)
+        qmatmul(x[i : i + 1].copy(), weight, single, 1)
+        assert np.array_equal(single[0], batched[i])
+
+
+def test_a_stack_mixing_types_is_the_concatenation_and_keeps_the_files_bytes():
+    """q, k and v of a ``_K_M`` file: Q5_0, Q8_0 and Q6_K rows in one matmul, no widening."""
+    rng = np.random.default_rng(7)
+    k = 512
+    raw0, w0 = random_rows(rng, 40, k, GGMLType.Q5_0)
+    raw2, w2 = random_rows(rng, 24, k, GGMLType.Q6_K)
+    x8 = rng.standard_normal((8, k)).astype(np.float32)
+    raw1 = gguf.quants.quantize(x8, gguf.GGMLQuantizationType.Q8_0)
+    w1 = gguf.quants.dequantize(raw1, gguf.GGMLQuantizationType.Q8_0)
+    parts = [(raw0, int(GGMLType.Q5_0)), (raw1, int(GGMLType.Q8_0)), (raw2, int(GGMLType.Q6_K))]
+    weight = make_weight(parts, k)
+    assert weight.kind == KIND_BLOCKS and weight.n_rows == 72
+    assert weight.raw.nbytes == raw0.nbytes + raw1.nbytes + raw2.nbytes
+    assert weight.f.size == weight.q.size == 0
+    assert packed_nbytes([(p.shape[0], t) for p, t in parts], k) == (
+        weight.raw.nbytes + weight.row_at.nbytes + weight.row_type.nbytes)
+    ref = np.concatenate([w0, w1, w2])
+    for t in T_ROWS:
+        check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref)
+
+
+def test_one_part_is_a_view_of_the_file_unless_copied():
+    """Dense weights compute on the mmap itself; the expert store's resident tier owns a copy."""
+    raw, _ = random_rows(np.random.default_rng(3), 8, 256, GGMLType.Q4_K)
+    raw.setflags(write=False)
+    assert np.shares_memory(make_weight([(raw, int(GGMLType.Q4_K))], 256).raw, raw)
+    assert not np.shares_memory(make_weight([(raw, int(GGMLType.Q4_K))], 256, copy=True).raw, raw)
