@@ -14,6 +14,17 @@ from typing import NamedTuple
 
 import numpy as np
 
+from colibri.store.quantize_k import (
+    quantize_q4_0,
+    quantize_q4_1,
+    quantize_q4_k,
+    quantize_q5_0,
+    quantize_q5_1,
+    quantize_q5_k,
+    quantize_q6_k,
+    quantize_q8_0,
+)
+
 
 class GGMLType(enum.IntEnum):
     """ggml's tensor type ids, as GGUF stores them."""
@@ -190,21 +201,21 @@ FORMATS: dict[GGMLType, BlockFormat] = _table(
     BlockFormat(GGMLType.BF16, 1, 2, Kind.FLOAT, None, _dequantize_bf16, _quantize_bf16),
     BlockFormat(GGMLType.Q4_0, BLOCK, 18, Kind.Q4,
                 PackLayout(quants_at=2, min_at=-1, offset_scale=-8.0, flip=0),
-                _dequantize_q4_0, _quantize_q4_0),
+                _dequantize_q4_0, quantize_q4_0),
     BlockFormat(GGMLType.Q4_1, BLOCK, 20, Kind.Q4,
                 PackLayout(quants_at=4, min_at=2, offset_scale=0.0, flip=0),
-                _dequantize_q4_1, _quantize_q4_1),
+                _dequantize_q4_1, quantize_q4_1),
     BlockFormat(GGMLType.Q8_0, BLOCK, 34, Kind.Q8,
                 PackLayout(quants_at=2, min_at=-1, offset_scale=-128.0, flip=0x80),
-                _dequantize_q8_0, _quantize_q8_0),
+                _dequantize_q8_0, quantize_q8_0),
     # Computed on in place (Kind.BLOCKS): their reference dequantizer is the kernels' decoder.
-    BlockFormat(GGMLType.Q5_0, BLOCK, 22, Kind.BLOCKS),
-    BlockFormat(GGMLType.Q5_1, BLOCK, 24, Kind.BLOCKS),
+    BlockFormat(GGMLType.Q5_0, BLOCK, 22, Kind.BLOCKS, quantize=quantize_q5_0),
+    BlockFormat(GGMLType.Q5_1, BLOCK, 24, Kind.BLOCKS, quantize=quantize_q5_1),
     BlockFormat(GGMLType.Q2_K, QK_K, 84, Kind.BLOCKS),
     BlockFormat(GGMLType.Q3_K, QK_K, 110, Kind.BLOCKS),
-    BlockFormat(GGMLType.Q4_K, QK_K, 144, Kind.BLOCKS),
-    BlockFormat(GGMLType.Q5_K, QK_K, 176, Kind.BLOCKS),
-    BlockFormat(GGMLType.Q6_K, QK_K, 210, Kind.BLOCKS),
+    BlockFormat(GGMLType.Q4_K, QK_K, 144, Kind.BLOCKS, quantize=quantize_q4_k),
+    BlockFormat(GGMLType.Q5_K, QK_K, 176, Kind.BLOCKS, quantize=quantize_q5_k),
+    BlockFormat(GGMLType.Q6_K, QK_K, 210, Kind.BLOCKS, quantize=quantize_q6_k),
     BlockFormat(GGMLType.IQ4_NL, BLOCK, 18, Kind.BLOCKS),
     BlockFormat(GGMLType.IQ4_XS, QK_K, 136, Kind.BLOCKS),
     # Known sizes only: listed and bounds-checked, not computed on.
