@@ -136,9 +136,8 @@ class ModelText:
     ) -> list[int]:
         """Token ids of the chat prompt: the template's markup may hold control tokens, the
         messages' content never does."""
-        tok = self.tokenizer
-        return [t for seg in self.render_segments(messages, enable_thinking, tools)
-                for t in tok.encode(seg.text, special=seg.markup)]
+        segments = self.render_segments(messages, enable_thinking, tools)
+        return self.tokenizer.encode_segments((seg.text, seg.markup) for seg in segments)
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of a client's raw text (``/v1/completions``): data, no control tokens."""

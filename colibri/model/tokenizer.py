@@ -1,18 +1,29 @@
-"""Byte-level BPE from a GGUF's ``tokenizer.ggml.*`` metadata, and a streaming detokenizer.
+"""A GGUF's ``tokenizer.ggml.*`` vocabulary: byte-level BPE or SentencePiece; a streaming detokenizer.
 
-Encoding is the ``tokenizers`` library's BPE, built from the vocabulary and merges in the file with
-the pre-tokenizer llama.cpp uses for the file's ``tokenizer.ggml.pre``. Decoding is ours: each id
-maps to its bytes, and a ``StreamDecoder`` holds back an incomplete UTF-8 sequence until the
-token that completes it arrives.
+Byte-level BPE (``"gpt2"``) encodes with the ``tokenizers`` library's BPE, built from the vocabulary
+and merges in the file with the pre-tokenizer llama.cpp uses for the file's ``tokenizer.ggml.pre``.
+SentencePiece (``"llama"``) encodes with ``tokenizer_spm``'s port of llama.cpp's score-driven merges.
+Decoding is ours: each id maps to its bytes, and a ``StreamDecoder`` holds back an incomplete UTF-8
+sequence until the token that completes it arrives.
 """
 
 from __future__ import annotations
 
 import codecs
+from collections.abc import Iterable
 from functools import lru_cache
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from colibri.model.tokenizer_spm import (
+    TOKEN_CONTROL,
+    TOKEN_NORMAL,
+    TOKEN_UNUSED,
+    TOKEN_USER_DEFINED,
+    SPMEncoder,
+    piece_bytes,
+    spm_tokenizer_json,
+)
 from colibri.store.gguf import GGUFError, GGUFFile
 
 # Control tokens that end a generation besides the file's eos/eot ids, by their text: the ends of
@@ -27,8 +38,6 @@ TURN_START_TEXTS = frozenset({
     "<|im_start|>", "<|start_header_id|>", "<start_of_turn>", "<|user|>", "<|assistant|>", "<|system|>",
 })
 
-# llama.cpp token types.
-TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = range(1, 7)
 
 # GPT-2's word split, which llama.cpp applies after its per-model splits.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -67,47 +76,40 @@ def _unicode_to_byte() -> dict[str, int]:
 
 
 class GGUFTokenizer:
+    """The file's vocabulary: ``encode`` text to ids, ids back to bytes, the ids that end a turn."""
+
     def __init__(self, gguf: GGUFFile) -> None:
         model = gguf.get("tokenizer.ggml.model")
-        if model != "gpt2":
-            raise GGUFError(
-                f"{gguf.path}: tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')"
-            )
+        if model not in ("gpt2", "llama"):
+            raise GGUFError(f"{gguf.path}: tokenizer model {model!r} is not supported "
+                            "(only byte-level BPE, 'gpt2', and SentencePiece, 'llama')")
         tokens: list[str] = gguf.get("tokenizer.ggml.tokens") or []
-        merges: list[str] = gguf.get("tokenizer.ggml.merges") or []
         types: list[int] = gguf.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(tokens)
         if not tokens:
             raise GGUFError(f"{gguf.path}: no tokenizer.ggml.tokens in the metadata")
+        self.model: str = model
         self.tokens, self.types = tokens, types
-        self.bos_id: int | None = gguf.get("tokenizer.ggml.bos_token_id")
-        self.eos_id: int | None = gguf.get("tokenizer.ggml.eos_token_id")
-        self.eot_id: int | None = gguf.get("tokenizer.ggml.eot_token_id")
-        self.add_bos = bool(gguf.get("tokenizer.ggml.add_bos_token", False))
-
-        vocab = {tok: i for i, tok in enumerate(tokens)}
-        pairs = [tuple(m.split(" ", 1)) for m in merges]
-        bpe = models.BPE(vocab, pairs, ignore_merges=False)
-        self._tok = Tokenizer(bpe)
-        pre = gguf.get("tokenizer.ggml.pre", "default")
-        splits = _PRE_SPLITS.get(pre, _PRE_SPLITS["default"])
-        self._tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-        )
-        self._tok.decoder = decoders.ByteLevel()
+        spm = model == "llama"
+        # llama.cpp's defaults where the file says nothing: SentencePiece has <unk> <s> </s> = 0 1 2
+        # and adds BOS; ids outside the vocabulary are none.
+        self.bos_id = self._special_id(gguf, "bos", 1 if spm else None)
+        self.eos_id = self._special_id(gguf, "eos", 2 if spm else None)
+        self.unk_id = self._special_id(gguf, "unknown", 0 if spm else None)
+        self.eot_id = self._special_id(gguf, "eot", None)
+        self.add_bos = bool(gguf.get("tokenizer.ggml.add_bos_token", spm))
+        self.add_eos = bool(gguf.get("tokenizer.ggml.add_eos_token", False))
+        self.add_space_prefix = spm and bool(gguf.get("tokenizer.ggml.add_space_prefix", True))
+        self._spm: SPMEncoder | None = None
+        self._tok: Tokenizer | None = None
+        if spm:
+            scores = gguf.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
+            self.scores: list[float] = [float(x) for x in scores]
+            self._spm = SPMEncoder(tokens, types, self.scores, self.add_space_prefix, self.unk_id)
+            self._bytes = [piece_bytes(tok, ty) for tok, ty in zip(tokens, types, strict=True)]
+        else:
+            self._tok = _byte_level_bpe(gguf, tokens, types)
+            self._bytes = _byte_level_pieces(tokens, types)
         kept_whole = (TOKEN_CONTROL, TOKEN_USER_DEFINED)
-        special = [tok for tok, ty in zip(tokens, types, strict=True) if ty in kept_whole]
-        self._tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-
-        u2b = _unicode_to_byte()
-        self._bytes: list[bytes] = []
-        for tok, ty in zip(tokens, types, strict=True):
-            if ty in (TOKEN_CONTROL, TOKEN_UNUSED):
-                self._bytes.append(b"")  # as llama.cpp: control and unused tokens render as nothing
-            elif ty == TOKEN_USER_DEFINED:
-                self._bytes.append(tok.encode())
-            else:
-                self._bytes.append(bytes(u2b.get(c, 0x3F) for c in tok))
         ends = END_OF_GENERATION_TEXTS | TURN_START_TEXTS
         marked = (i for i, (tok, ty) in enumerate(zip(tokens, types, strict=True))
                   if ty in kept_whole and tok in ends)
@@ -119,27 +121,90 @@ class GGUFTokenizer:
             for tok, ty, b in zip(tokens, types, self._bytes, strict=True)
         )
 
+    def _special_id(self, gguf: GGUFFile, name: str, default: int | None) -> int | None:
+        value = gguf.get(f"tokenizer.ggml.{name}_token_id", default)
+        return int(value) if value is not None and 0 <= int(value) < len(self.tokens) else default
+
     @property
     def n_vocab(self) -> int:
         return len(self.tokens)
 
-    def encode(self, text: str, special: bool = False) -> list[int]:
-        """Token ids of ``text``; with ``special``, text such as ``<|im_start|>`` becomes its id."""
-        self._tok.encode_special_tokens = not special
-        return self._tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, special: bool = False, add_special: bool = False) -> list[int]:
+        """Token ids of ``text``; with ``special``, text such as ``<|im_start|>`` becomes its id;
+        with ``add_special``, BOS and EOS as the file's add_bos/add_eos flags say (llama.cpp's)."""
+        return self.encode_segments([(text, special)], add_special)
+
+    def encode_segments(self, segments: Iterable[tuple[str, bool]], add_special: bool = False) -> list[int]:
+        """Token ids of texts that follow each other, each with its own ``special`` flag: a
+        segment boundary is a token boundary. One prompt: SentencePiece's space prefix goes at
+        its start and after special tokens, not in front of every segment."""
+        ids: list[int] = []
+        if add_special and self.add_bos and self.bos_id is not None:
+            ids.append(self.bos_id)
+        prev_special = True
+        for text, special in segments:
+            if self._spm is not None:
+                part, prev_special = self._spm.encode(text, special, prev_special)
+                ids += part
+            else:
+                assert self._tok is not None
+                self._tok.encode_special_tokens = not special
+                ids += self._tok.encode(text, add_special_tokens=False).ids
+        if add_special and self.add_eos and self.eos_id is not None:
+            ids.append(self.eos_id)
+        return ids
 
     def to_json(self) -> str:
         """The tokenizer in Hugging Face's tokenizer.json form (what llguidance reads)."""
-        return self._tok.to_str()
+        if self._tok is not None:
+            return self._tok.to_str()
+        return spm_tokenizer_json(self.tokens, self.types, self.scores, self.add_space_prefix, self.unk_id)
 
     def token_bytes(self, token_id: int) -> bytes:
         return self._bytes[token_id] if 0 <= token_id < len(self._bytes) else b""
 
     def decode(self, ids: list[int]) -> str:
-        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+        """The text of ``ids`` (llama.cpp's detokenize, special tokens as nothing): with the space
+        prefix, the first token's leading space is dropped, the one encoding put there."""
+        data = b"".join(self.token_bytes(i) for i in ids)
+        if self.add_space_prefix and ids and self.token_bytes(ids[0]).startswith(b" "):
+            data = data[1:]
+        return data.decode("utf-8", errors="replace")
 
     def stream(self) -> StreamDecoder:
         return StreamDecoder(self)
+
+
+def _byte_level_bpe(gguf: GGUFFile, tokens: list[str], types: list[int]) -> Tokenizer:
+    """The ``tokenizers`` BPE of a "gpt2" vocabulary, with llama.cpp's pre-tokenizer splits."""
+    merges: list[str] = gguf.get("tokenizer.ggml.merges") or []
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tok = Tokenizer(models.BPE(vocab, pairs, ignore_merges=False))
+    pre = gguf.get("tokenizer.ggml.pre", "default")
+    splits = _PRE_SPLITS.get(pre, _PRE_SPLITS["default"])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in splits]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    kept_whole = (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+    special = [t for t, ty in zip(tokens, types, strict=True) if ty in kept_whole]
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    return tok
+
+
+def _byte_level_pieces(tokens: list[str], types: list[int]) -> list[bytes]:
+    u2b = _unicode_to_byte()
+    out: list[bytes] = []
+    for tok, ty in zip(tokens, types, strict=True):
+        if ty in (TOKEN_CONTROL, TOKEN_UNUSED):
+            out.append(b"")  # as llama.cpp: control and unused tokens render as nothing
+        elif ty == TOKEN_USER_DEFINED:
+            out.append(tok.encode())
+        else:
+            out.append(bytes(u2b.get(c, 0x3F) for c in tok))
+    return out
 
 
 class StreamDecoder:
