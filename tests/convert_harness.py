@@ -110,3 +110,27 @@ def llama_rope_rows(n_rows: int, n_heads: int) -> np.ndarray:
     """Source row of each GGUF row: per head, the halves (x0.., y0..) interleave to x0 y0 x1 y1."""
     hd = n_rows // n_heads
     return np.array([h * hd + (r % 2) * (hd // 2) + r // 2 for h in range(n_heads) for r in range(hd)])
+
+
+# --- checkpoints as transformers saves them (tests/test_convert_checkpoints.py) -------------------
+
+def plan_of(d: Path):
+    """The conversion plan of the checkpoint in ``d`` (its warnings, metadata, tensors), no file."""
+    from colibri.convert.architectures import make_plan
+    from colibri.convert.safetensors import Checkpoint
+
+    ckpt = Checkpoint(d)
+    try:
+        return make_plan(json.loads((d / "config.json").read_text()),
+                         {n: e.shape for n, e in ckpt.entries.items()})
+    finally:
+        ckpt.close()
+
+
+def assert_same_tensors(a: Path, b: Path) -> None:
+    """Two GGUF files hold the same tensors: names, types and values."""
+    ga, gb = GGUFFile(a), GGUFFile(b)
+    assert set(ga.tensors) == set(gb.tensors)
+    for name, ti in ga.tensors.items():
+        assert gb.tensors[name].gtype == ti.gtype, name
+        np.testing.assert_array_equal(values(ga, name), values(gb, name), err_msg=name)

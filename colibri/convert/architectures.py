@@ -27,7 +27,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from colibri.errors import ColibriError
+from colibri.convert.checkpoint_config import Config, ConvertError
 
 T = gguf.MODEL_TENSOR
 K = gguf.Keys
@@ -46,12 +46,7 @@ ARCHITECTURES: dict[str, str] = {
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 # Checkpoint tensors that carry nothing a GGUF model needs.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-DEFAULT_ROPE_THETA = 10000.0  # transformers' default when a config names none
 GLM_DEFAULT_PARTIAL_ROTARY = 0.5  # Glm4MoeConfig's default, also llama.cpp's converter's
-
-
-class ConvertError(ColibriError):
-    """A checkpoint that cannot be converted, with the reason."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +90,7 @@ class Plan:
     metadata: list[tuple[str, Any, gguf.GGUFValueType]] = field(default_factory=list)
     tensors: list[TensorPlan] = field(default_factory=list)
     n_vocab: int = 0
+    warnings: list[str] = field(default_factory=list)  # one line each, for convert's ``warn``
 
     def kv(self, key: str, value: Any, vtype: gguf.GGUFValueType) -> None:
         self.metadata.append((key.format(arch=self.arch), value, vtype))
@@ -107,42 +103,6 @@ def llama_rope_order(n_rows: int, n_heads: int) -> np.ndarray:
     return np.arange(n_rows).reshape(n_heads, 2, head_dim // 2).swapaxes(1, 2).reshape(-1)
 
 
-class Config:
-    """config.json, with the lookups every architecture needs and errors that name the key."""
-
-    def __init__(self, raw: Mapping[str, Any]) -> None:
-        self.raw = dict(raw)
-        self.rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = self.raw.get(key)
-        return default if value is None else value
-
-    def need(self, key: str) -> Any:
-        value = self.raw.get(key)
-        if value is None:
-            raise ConvertError(f"config.json: {key} is missing")
-        return value
-
-    def int(self, key: str, default: int | None = None) -> int:
-        value = self.get(key, default) if default is not None else self.need(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConvertError(f"config.json: {key} is {value!r}, not a count")
-        return value
-
-    def first_int(self, *keys: str, default: int | None = None) -> int:
-        """The first of ``keys`` the config has (configs name some sizes differently across
-        transformers versions, e.g. ``num_experts`` and ``num_local_experts``)."""
-        key = next((k for k in keys if self.get(k) is not None), keys[0])
-        return self.int(key, default)
-
-    def rope_theta(self) -> float:
-        return float(self.get("rope_theta", self.rope.get("rope_theta", DEFAULT_ROPE_THETA)))
-
-    def partial_rotary_factor(self, default: float) -> float:
-        return float(self.get("partial_rotary_factor", self.rope.get("partial_rotary_factor", default)))
-
-
 class Builder:
     """Builds a Plan and checks it against the checkpoint's tensors as it goes."""
 
@@ -151,6 +111,13 @@ class Builder:
 
     def has(self, name: str) -> bool:
         return name in self.shapes
+
+    def has_prefix(self, prefix: str) -> bool:
+        return any(n.startswith(prefix) for n in self.shapes)
+
+    def skip(self, name: str) -> None:
+        """A tensor the checkpoint may hold that the file does not need (not a leftover)."""
+        self.used.add(name)
 
     def source(self, name: str, shape: tuple[int, ...], **kw: Any) -> Source:
         if name not in self.shapes:
@@ -220,15 +187,15 @@ def common_metadata(plan: Plan, cfg: Config, d: Dims, n_blocks: int, rope_dim: i
     plan.kv(K.Attention.LAYERNORM_RMS_EPS, float(cfg.need("rms_norm_eps")), V.FLOAT32)
     plan.kv(K.Rope.FREQ_BASE, cfg.rope_theta(), V.FLOAT32)
     plan.kv(K.Rope.DIMENSION_COUNT, rope_dim, V.UINT32)
-    rope_type = cfg.rope.get("rope_type", cfg.rope.get("type", "default"))
-    if rope_type == "linear":
-        plan.kv(K.Rope.SCALING_TYPE, "linear", V.STRING)
-        plan.kv(K.Rope.SCALING_FACTOR, float(cfg.rope["factor"]), V.FLOAT32)
-    elif rope_type == "yarn":
-        plan.kv(K.Rope.SCALING_TYPE, "yarn", V.STRING)
-        plan.kv(K.Rope.SCALING_FACTOR, float(cfg.rope["factor"]), V.FLOAT32)
-        plan.kv(K.Rope.SCALING_ORIG_CTX_LEN, int(cfg.rope["original_max_position_embeddings"]), V.UINT32)
-    elif rope_type not in ("default", None):
+    rope_type = cfg.rope_type()
+    if rope_type in ("linear", "yarn"):
+        plan.kv(K.Rope.SCALING_TYPE, rope_type, V.STRING)
+        plan.kv(K.Rope.SCALING_FACTOR, cfg.rope_number("factor"), V.FLOAT32)
+    if rope_type == "yarn" and cfg.rope.get("original_max_position_embeddings") is not None:
+        # Absent, transformers and llama.cpp both take the context length as the original one.
+        orig = int(cfg.rope_number("original_max_position_embeddings"))
+        plan.kv(K.Rope.SCALING_ORIG_CTX_LEN, orig, V.UINT32)
+    elif rope_type not in ("default", "linear", "yarn"):
         raise ConvertError(f"config.json: rope scaling {rope_type!r} is not supported "
                            "(default, linear, yarn)")
 
@@ -244,10 +211,24 @@ def moe_metadata(plan: Plan, n_expert: int, n_used: int, gating: gguf.ExpertGati
 
 
 def embeddings(b: Builder, cfg: Config, d: Dims) -> None:
-    b.matrix(T.TOKEN_EMBD, None, "model.embed_tokens.weight", d.n_vocab, d.n_embd)
+    """Embedding, final norm, output head. Tied (``tie_word_embeddings``), the head is the
+    embedding, as transformers ties it: no ``output.weight``, a saved ``lm_head.weight`` is not
+    read, and a checkpoint with only ``lm_head.weight`` gives the embedding from it."""
+    tied = cfg.get("tie_word_embeddings", False)
+    if tied not in (True, False):
+        raise ConvertError(f"config.json: tie_word_embeddings is {tied!r}, not true or false")
+    embed, head = "model.embed_tokens.weight", "lm_head.weight"
+    reverse = tied and not b.has(embed) and b.has(head)
+    b.matrix(T.TOKEN_EMBD, None, head if reverse else embed, d.n_vocab, d.n_embd)
     b.vector(T.OUTPUT_NORM, None, "model.norm.weight", d.n_embd)
-    if b.has("lm_head.weight") or not cfg.get("tie_word_embeddings", False):
-        b.matrix(T.OUTPUT, None, "lm_head.weight", d.n_vocab, d.n_embd)
+    if tied:
+        b.skip(head)
+    elif not b.has(head):
+        raise ConvertError(f"missing tensor {head!r}: config.json says tie_word_embeddings is false, so "
+                           "the output layer is its own matrix (if it is the embedding, the config "
+                           "should say tie_word_embeddings: true)")
+    else:
+        b.matrix(T.OUTPUT, None, head, d.n_vocab, d.n_embd)
 
 
 def attention(b: Builder, i: int, d: Dims, *, permute: bool, qk_norm: bool, post_norm: T) -> None:
@@ -367,7 +348,7 @@ def plan_glm4moe(b: Builder, cfg: Config, d: Dims) -> None:
     n_expert, n_ff_exp = cfg.first_int(*EXPERT_COUNT_KEYS), cfg.int("moe_intermediate_size")
     n_shared, n_dense = cfg.int("n_shared_experts", 0), cfg.int("first_k_dense_replace", 0)
     n_group, n_group_used = cfg.int("n_group", 1), cfg.int("topk_group", 1)
-    n_nextn = cfg.first_int("num_nextn_predict_layers", "num_mtp_layers", default=0)
+    n_nextn = saved_nextn_layers(b, cfg, d.n_layer)
     if n_group == 0 or n_expert % n_group or not 0 < n_group_used <= n_group:
         raise ConvertError(f"config.json: {n_expert} experts in {n_group} groups, {n_group_used} used")
     rope_dim = int(d.head_dim * cfg.partial_rotary_factor(GLM_DEFAULT_PARTIAL_ROTARY))
@@ -403,6 +384,20 @@ def plan_glm4moe(b: Builder, cfg: Config, d: Dims) -> None:
             nextn(b, i, d)
 
 
+def saved_nextn_layers(b: Builder, cfg: Config, n_layer: int) -> int:
+    """The NextN layers to convert: as many as config.json says, or none, with a warning, when the
+    checkpoint holds none of them (transformers does not build them: a model it saved has none)."""
+    key = cfg.first_key("num_nextn_predict_layers", "num_mtp_layers")
+    n = cfg.int(key, 0)
+    if n == 0 or any(b.has_prefix(f"model.layers.{i}.") for i in range(n_layer, n_layer + n)):
+        return n  # some present: all must be, as today (a missing one is a missing-tensor error)
+    b.plan.warnings.append(
+        f"config.json: {key} is {n}, but the checkpoint holds no NextN (multi-token prediction) layer "
+        f"(model.layers.{n_layer}.*, which transformers does not save): converted without it "
+        f"(nextn_predict_layers 0, block_count {n_layer})")
+    return 0
+
+
 def nextn(b: Builder, i: int, d: Dims) -> None:
     """A NextN (multi-token prediction) layer's own tensors; llama.cpp loads and skips them."""
     p = f"model.layers.{i}"
@@ -428,6 +423,7 @@ def make_plan(config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) 
     if hf_arch not in ARCHITECTURES:
         raise ConvertError(f"unsupported architecture {hf_arch!r} (supported: {', '.join(ARCHITECTURES)})")
     cfg = Config(config)
+    cfg.check_not_quantized()
     plan = Plan(ARCHITECTURES[hf_arch], hf_arch)
     d = Dims.read(cfg)
     plan.n_vocab = d.n_vocab

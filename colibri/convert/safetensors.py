@@ -161,6 +161,15 @@ class Checkpoint:
                 )
             for shard in shards:
                 self._add(SafetensorsFile(shard))
+        self._check_readable()
+
+    def _check_readable(self) -> None:
+        """Every tensor of a dtype convert reads, checked now, not when the writer reaches it."""
+        odd = [e for e in self.entries.values() if e.dtype not in READABLE]
+        if odd:
+            more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
+            raise SafetensorsError(f"{odd[0].file.path}: tensor {odd[0].name!r} is {odd[0].dtype}{more}; "
+                                   f"convert reads {', '.join(READABLE)} (a quantized checkpoint?)")
 
     def _open_index(self, index: Path) -> None:
         try:
@@ -172,10 +181,22 @@ class Checkpoint:
         by_file: dict[str, list[str]] = {}
         for name, file in weight_map.items():
             by_file.setdefault(str(file), []).append(name)
+        outside = [f for f in sorted(by_file) if Path(f).name != f]
+        if outside:
+            raise SafetensorsError(f"{index}: shard {outside[0]!r} is not a file name in {self.directory}")
+        missing = [f for f in sorted(by_file) if not (self.directory / f).is_file()]
+        if len(missing) == 1:
+            names = by_file[missing[0]]
+            raise SafetensorsError(f"{index}: shard {missing[0]!r} of tensor {names[0]!r} is missing"
+                                   + (f" (and of {len(names) - 1} more tensors)" if len(names) > 1 else ""))
+        if missing:
+            n = sum(len(by_file[f]) for f in missing)
+            raise SafetensorsError(f"{index}: {len(missing)} of its {len(by_file)} shards are missing "
+                                   f"({', '.join(map(repr, missing))}; {n} tensors)")
+        # A *.safetensors file the index does not name is not read, as transformers does not
+        # (a consolidated.safetensors beside the shards, say, holds the same weights again).
         for file, names in sorted(by_file.items()):
             path = self.directory / file
-            if Path(file).name != file or not path.is_file():
-                raise SafetensorsError(f"{index}: shard {file!r} of tensor {names[0]!r} is missing")
             shard = SafetensorsFile(path)
             absent = [n for n in names if n not in shard.entries]
             if absent:
