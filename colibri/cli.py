@@ -17,7 +17,7 @@ import numpy as np
 
 from colibri import __version__, settings
 from colibri.errors import ColibriError, ConfigError
-from colibri.store.gguf import GGUFError
+from colibri.store.gguf import GGUFError, GGUFFile, TensorInfo
 
 
 def _ids(text: str) -> list[int]:
@@ -144,7 +144,6 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from colibri.model.hparams import HParams
-    from colibri.store.gguf import GGUFFile
 
     gguf = GGUFFile(settings.model_path(args))
     hp = HParams.from_gguf(gguf)
@@ -163,7 +162,30 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"rope base     {hp.rope_base:g}")
     print(f"tensors       {len(gguf.tensors)}")
     print(f"block types   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}")
+    for line in _block_type_lines(gguf):
+        print(f"  {line}")
     return 0
+
+
+def _block_type_lines(gguf: GGUFFile) -> list[str]:
+    """One line per block type of the file: its tensors and bytes, and for a type the kernels do
+    not compute on, the first such tensor and the types they do (``coli run`` would stop there)."""
+    from colibri.store.formats import SUPPORTED
+
+    by_type: dict[str, list[TensorInfo]] = {}
+    for t in gguf.tensors.values():
+        by_type.setdefault(t.gtype.name, []).append(t)
+    supported = ", ".join(sorted(t.name for t in SUPPORTED))
+    lines = []
+    for name, tensors in sorted(by_type.items()):
+        n, nbytes = len(tensors), sum(t.nbytes for t in tensors)
+        line = f"{name:<8}{n:>6} tensor{'s' if n != 1 else ' '}{nbytes / 2**20:>10.1f} MiB"
+        if tensors[0].gtype not in SUPPORTED:
+            more = f" (and {n - 1} more)" if n > 1 else ""
+            line += (f"  unsupported: tensor {tensors[0].name!r}{more} has block type {name}, which "
+                     f"the kernels do not compute on (supported: {supported})")
+        lines.append(line)
+    return lines
 
 
 def cmd_engine(args: argparse.Namespace) -> int:

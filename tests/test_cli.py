@@ -100,3 +100,45 @@ def test_bad_input_is_one_error_line(args, needle, status):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("coli: error:") and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_info_lists_each_block_type_with_its_tensors_and_bytes():
+    lines = coli("info").stdout.splitlines()
+    rows = {line.split()[0]: line.split()[1:] for line in lines if line.startswith("  ")}
+    assert set(rows) == {"F32", "Q4_1", "Q8_0"}
+    assert rows["Q4_1"][:2] == ["210", "tensors"] and rows["Q8_0"][:2] == ["1", "tensor"]
+    assert all(r[3] == "MiB" and float(r[2]) > 0 for r in rows.values())
+    assert "unsupported" not in "\n".join(lines)
+
+
+def test_info_names_a_block_type_the_kernels_cannot_compute_on(tmp_path):
+    """A file with a type outside the kernels' table: ``coli info`` still describes it, and names
+    the first such tensor, its type and the types the kernels do compute on."""
+    import gguf
+    import numpy as np
+
+    from colibri.store.formats import FORMATS, SUPPORTED
+
+    odd = next(t for t in sorted(FORMATS, key=lambda t: t.name)
+               if t not in SUPPORTED and gguf.GGMLQuantizationType(int(t)) in gguf.GGML_QUANT_SIZES)
+    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(odd))]
+    path = tmp_path / "odd.gguf"
+    w = gguf.GGUFWriter(path, "llama")
+    for key, value in (("block_count", 1), ("embedding_length", 256), ("feed_forward_length", 256),
+                       ("attention.head_count", 4)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_tensor("token_embd.weight", np.zeros((8, 256), np.float32))
+    for name in ("blk.0.ffn_down.weight", "blk.0.ffn_up.weight"):
+        w.add_tensor(name, np.zeros((4, 256 // block * nbytes), np.uint8),
+                     raw_dtype=gguf.GGMLQuantizationType(int(odd)))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = coli("info", "--model", str(path)).stdout
+    (line,) = [line for line in out.splitlines() if line.startswith(f"  {odd.name} ")]
+    assert line.split()[1:3] == ["2", "tensors"]
+    supported = ", ".join(sorted(t.name for t in SUPPORTED))
+    assert f"tensor 'blk.0.ffn_down.weight' (and 1 more) has block type {odd.name}" in line
+    assert line.endswith(f"(supported: {supported})")
+    assert "unsupported" not in next(x for x in out.splitlines() if x.startswith("  F32 "))
