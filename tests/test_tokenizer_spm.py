@@ -12,14 +12,18 @@ import contextlib
 import ctypes
 import io
 import json
+import random
+import struct
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 from convert_harness import TINY, write_safetensors
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from colibri.cli import main
+from colibri.model.text import ModelText
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.gguf import GGUFFile
 
@@ -132,7 +136,7 @@ def write_checkpoint(d: Path, n_vocab: int) -> None:
 
 
 def convert(tmp: Path, name: str, tok_json: dict | None, files: dict[str, bytes] | None = None,
-            n_vocab: int = 0) -> tuple[Path, str]:
+            n_vocab: int = 0, tok_config: dict | None = None) -> tuple[Path, str]:
     """A checkpoint with ``tok_json`` (and other tokenizer ``files``) converted: (gguf path, stderr)."""
     d = tmp / name
     write_checkpoint(d, n_vocab or n_tokens(tok_json))
@@ -140,7 +144,7 @@ def convert(tmp: Path, name: str, tok_json: dict | None, files: dict[str, bytes]
         (d / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False))
     for fname, data in (files or {}).items():
         (d / fname).write_bytes(data)
-    (d / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG))
+    (d / "tokenizer_config.json").write_text(json.dumps(tok_config or TOKENIZER_CONFIG))
     out, err = tmp / f"{name}.gguf", io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         assert main(["convert", str(d), "-o", str(out), "--type", "f32"]) == 0
@@ -287,3 +291,171 @@ def test_decoding(converted, layout: str) -> None:
         assert "".join(pieces).encode() == b"".join(token_to_piece(llm, i) for i in ids)
     emoji = tok.encode("😀")
     assert len(emoji) == 5 and [tok.stream().feed(i) for i in emoji[:2]] == [" ", ""]
+
+
+# --- a tokenizer.model, trained merges, chat segments, llguidance ---------------------------------------
+
+def proto(field_no: int, value: bytes | int | float) -> bytes:
+    """One protobuf field: bytes length-delimited, int varint, float 32-bit."""
+    def varint(n: int) -> bytes:
+        out = b""
+        while True:
+            out += bytes([n & 0x7F | (0x80 if n > 0x7F else 0)])
+            n >>= 7
+            if not n:
+                return out
+    if isinstance(value, bytes):
+        return varint(field_no << 3 | 2) + varint(len(value)) + value
+    if isinstance(value, float):
+        return varint(field_no << 3 | 5) + struct.pack("<f", value)
+    return varint(field_no << 3) + varint(value)
+
+
+def test_a_tokenizer_model_without_tokenizer_json(converted, tmp_path: Path) -> None:
+    """SentencePiece's protobuf read by hand: the same vocabulary gives the same file and ids."""
+    ref = GGUFFile(converted["legacy"][0])
+    tokens, types = ref.get("tokenizer.ggml.tokens"), ref.get("tokenizer.ggml.token_type")
+    scores = ref.get("tokenizer.ggml.scores")
+    n = len(tokens) - 2  # the added tokens come from tokenizer_config.json
+    model = b"".join(proto(1, proto(1, t.encode()) + proto(2, float(sc)) + proto(3, ty))
+                     for t, sc, ty in zip(tokens[:n], scores[:n], types[:n], strict=True))
+    model += proto(2, proto(3, 2) + proto(40, 0)) + proto(3, proto(1, b"identity") + proto(3, 1))
+    added = {str(n): {"content": USER_TOKEN, "special": False},
+             str(n + 1): {"content": CONTROL_TOKEN, "special": True}}
+    path, err = convert(tmp_path, "spmodel", None, {"tokenizer.model": model}, n_vocab=len(tokens),
+                        tok_config={**TOKENIZER_CONFIG, "added_tokens_decoder": added})
+    assert err == ""
+    g = GGUFFile(path)
+    assert g.get("tokenizer.ggml.tokens") == tokens and g.get("tokenizer.ggml.token_type") == types
+    assert g.get("tokenizer.ggml.scores")[:n] == scores[:n]
+    assert g.get("tokenizer.ggml.add_space_prefix") is True
+    tok, before, llm = GGUFTokenizer(g), GGUFTokenizer(ref), llama_vocab(path)
+    for text in TEXTS:
+        assert tok.encode(text) == before.encode(text) == llm.tokenize(text.encode(), False, False), text
+
+
+def test_trained_merges_warn(tmp_path: Path) -> None:
+    """A BPE's own merges (one pair per token) are not what SentencePiece merges by score: convert
+    writes the file and says the splits may differ."""
+    path, err = convert(tmp_path, "trained", tokenizer_json("metaspace", merges="trained"))
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "can be made from two tokens the merges never join" in lines[0]
+    assert GGUFFile(path).get("tokenizer.ggml.model") == "llama"
+
+
+def test_chat_segments_are_one_prompt(converted) -> None:
+    """The template's markup and the client's text, tokenized apart, give llama.cpp's ids for the
+    whole prompt: the space prefix only at the start and after special tokens."""
+    path, _ = converted["legacy"]
+    text = ModelText(GGUFFile(path))
+    llm = llama_vocab(path)
+    for content in ("Hello world", " two  spaces", "with [INST] inside", "😀"):
+        messages = [{"role": "user", "content": content}]
+        prompt = text.render(messages)
+        assert prompt.startswith("<s>[INST] ")
+        ids = text.encode_chat(messages)
+        if CONTROL_TOKEN not in content:  # in the client's text it is data, never the control token
+            assert ids == llm.tokenize(prompt.encode(), add_bos=False, special=True), content
+        assert ids.count(text.tokenizer.tokens.index(CONTROL_TOKEN)) == 1
+    assert text.count_tokens(prompt) == len(llm.tokenize(prompt.encode(), add_bos=False, special=True))
+
+
+def test_llguidance_reads_the_vocabulary(converted) -> None:
+    from colibri.model.grammar import GrammarVocab
+
+    tok = GGUFTokenizer(GGUFFile(converted["metaspace"][0]))
+    vocab = GrammarVocab(tok.to_json(), tok.n_vocab, tok.stop_ids)
+    ll = vocab.tokenizer
+    for i in range(3, tok.n_vocab):
+        if tok.tokens[i] != "<0xFF>" and tok.types[i] != 3:  # 0xFF marks llguidance's special tokens
+            assert ll.decode_bytes([i]) == tok.token_bytes(i), (i, tok.tokens[i])
+    plain = [t for t in TEXTS if t and not any(w in t for w in (USER_TOKEN, CONTROL_TOKEN, "<s>"))]
+    for text in plain:  # llguidance drops the Prepend (it tokenizes continuations) and parses specials
+        assert ll.tokenize_str(" " + text) == tok.encode(text), text
+    mask = vocab.constraint('start: "yes" | "no"').allowed()
+    assert mask[tok.tokens.index("y") if "y" in tok.tokens else 3 + ord("y")]
+    assert not mask[tok.tokens.index(SPACE)]
+
+
+# --- hand-made vocabularies against llama.cpp -----------------------------------------------------------
+
+def write_vocab(path: Path, pieces: list[tuple[str, float, int]], **flags) -> Path:
+    """A GGUF of metadata only (llama.cpp loads it with vocab_only): <unk> <s> </s>, the byte
+    tokens, then ``pieces`` (text, score, type)."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("context_length", 64), ("embedding_length", 32), ("block_count", 1),
+                       ("feed_forward_length", 32), ("attention.head_count", 2)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    entries = [("<unk>", 0.0, 2), ("<s>", 0.0, 3), ("</s>", 0.0, 3)] + [(b, 0.0, 6) for b in BYTES] + pieces
+    w.add_tokenizer_model("llama")
+    w.add_token_list([t for t, _, _ in entries])
+    w.add_token_scores([s for _, s, _ in entries])
+    w.add_token_types([ty for _, _, ty in entries])
+    for key, value in flags.items():
+        getattr(w, f"add_{key}")(value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_score_ties_go_to_the_leftmost_pair(tmp_path: Path) -> None:
+    pieces = [(SPACE, -1.0, 1), ("a", -1.0, 1), ("b", -1.0, 1), ("ab", -5.0, 1), ("ba", -5.0, 1),
+              (SPACE + "a", -9.0, 1), ("aba", -2.0, 1)]
+    path = write_vocab(tmp_path / "ties.gguf", pieces)
+    tok, llm = GGUFTokenizer(GGUFFile(path)), llama_vocab(path)
+    ids = {t: tok.tokens.index(t) for t, _, _ in pieces}
+    assert tok.encode("bab") == [ids[SPACE], ids["ba"], ids["b"]]  # ba and ab tie: the left one first
+    assert tok.encode("abab") == [ids[SPACE], ids["aba"], ids["b"]]  # ab, then aba outscores the rest
+    for text in ("bab", "abab", "ab ba", "babab"):
+        assert tok.encode(text) == llm.tokenize(text.encode(), add_bos=False, special=False), text
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_vocabularies_match_llama_cpp(tmp_path: Path, seed: int) -> None:
+    """Random pieces over a small alphabet, scores from a handful of values (ties everywhere), some
+    user-defined and control pieces, with and without the space prefix: every id as llama.cpp's."""
+    rng = random.Random(seed)
+    alphabet = ["a", "b", "c", SPACE, "é", "\n"]
+    pieces: dict[str, tuple[float, int]] = {c: (-100.0, 1) for c in alphabet}
+    while len(pieces) < 60:
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(2, 5)))
+        pieces.setdefault(text, (float(rng.choice([-1, -2, -3, -4])), 1))
+    for kind in (4, 4, 3):
+        pieces["<" + "".join(rng.choice("xyz") for _ in range(3)) + ">"] = (0.0, kind)
+    prefix = seed % 2 == 0
+    path = write_vocab(tmp_path / "v.gguf", [(t, s, ty) for t, (s, ty) in pieces.items()],
+                       add_space_prefix=prefix, add_bos_token=seed % 3 == 0)
+    tok, llm = GGUFTokenizer(GGUFFile(path)), llama_vocab(path)
+    assert tok.add_space_prefix is prefix
+    specials = [t for t, (_, ty) in pieces.items() if ty != 1]
+    chars = ["a", "b", "c", " ", " ", "é", "ü", "\n", "😀", *specials]
+    for _ in range(150):
+        text = "".join(rng.choice(chars) for _ in range(rng.randint(0, 14)))
+        for special in (False, True):
+            ours = tok.encode(text, special=special, add_special=True)
+            assert ours == llm.tokenize(text.encode(), add_bos=True, special=special), (text, special)
+        ids = tok.encode(text)
+        assert tok.decode(ids).encode() == llama_detokenize(llm, ids), text
+
+
+def test_missing_byte_tokens_fall_back_to_unknown() -> None:
+    """A vocabulary without some byte tokens (llama.cpp throws there): <unk> for those bytes."""
+    from colibri.model.tokenizer_spm import SPMEncoder
+
+    tokens = ["<unk>", "<s>", "</s>", SPACE, "a", "<0x41>", "<0xC3>"]
+    enc = SPMEncoder(tokens, [2, 3, 3, 1, 1, 6, 6], [0.0] * len(tokens), True, 0)
+    assert enc.encode("aAcé", special=False) == ([3, 4, 5, 0, 6, 0], False)
+    assert enc.encode("", special=False) == ([], True)
+
+
+def test_client_text_never_merges_into_a_control_token(tmp_path: Path) -> None:
+    """The one place colibri parts from llama.cpp on purpose: pieces that spell ``<s>`` stay pieces."""
+    pieces = [("<", -1.0, 1), ("s", -1.0, 1), (">", -1.0, 1), ("<s", -2.0, 1), (SPACE, -1.0, 1)]
+    path = write_vocab(tmp_path / "ctl.gguf", pieces, add_space_prefix=False)
+    tok, llm = GGUFTokenizer(GGUFFile(path)), llama_vocab(path)
+    assert llm.tokenize(b"<s>", add_bos=False, special=False) == [1]  # llama.cpp: the BOS id
+    assert tok.encode("<s>") == [tok.tokens.index("<s"), tok.tokens.index(">")]
+    assert tok.encode("<s>", special=True) == [1]

@@ -47,14 +47,11 @@ class SPMEncoder:
                  add_space_prefix: bool, unk_id: int | None) -> None:
         self.add_space_prefix = add_space_prefix
         self._scores = [float(s) for s in scores]
-        ids: dict[str, int] = {}
         self._pieces: dict[str, int] = {}  # what a merge may produce: all but control/unknown tokens
         for i, (tok, ty) in enumerate(zip(tokens, types, strict=True)):
-            if tok:
-                ids.setdefault(tok, i)
-                if ty not in _SPECIAL:
-                    self._pieces.setdefault(tok, i)
-        self._bytes = [_byte_token(b, ids, unk_id) for b in range(256)]
+            if tok and ty not in _SPECIAL:
+                self._pieces.setdefault(tok, i)
+        self._bytes = [_byte_token(b, self._pieces, unk_id) for b in range(256)]
         # Cut out whole, longest (in bytes) first; llama.cpp's cache_special_tokens.
         cut_types = (*_SPECIAL, TOKEN_USER_DEFINED)
         whole = sorted((i for i, ty in enumerate(types) if ty in cut_types and tokens[i]),
@@ -136,12 +133,12 @@ class SPMEncoder:
             i = nxt[i]
 
 
-def _byte_token(b: int, ids: dict[str, int], unk_id: int | None) -> int:
+def _byte_token(b: int, pieces: dict[str, int], unk_id: int | None) -> int:
     """llama.cpp's byte_to_token: ``<0xXX>``, else the byte as a one-character token; a vocabulary
     with neither (where llama.cpp throws) gets the unknown token."""
-    tid = ids.get(f"<0x{b:02X}>")
+    tid = pieces.get(f"<0x{b:02X}>")
     if tid is None and b < 0x80:
-        tid = ids.get(chr(b))
+        tid = pieces.get(chr(b))
     if tid is None:
         tid = unk_id if unk_id is not None else 0
     return tid
