@@ -5,6 +5,7 @@ subclasses (``ConvertError`` for what the checkpoint holds, ``SafetensorsError``
 stored). This module itself imports nothing heavy, so the CLI can list the types cheaply.
 """
 
-# The block types ``--type`` accepts for the matrices; writer.TYPES maps them to ggml types.
-TYPE_NAMES = ("f32", "f16", "q8_0", "q4_0", "q4_1")
+# The block types ``--type`` accepts for the matrices: one type for all (writer.TYPES), or one of
+# llama.cpp's K-quant mixtures, a type per tensor by its rules (writer.MIXTURES, convert.mixture).
+TYPE_NAMES = ("f32", "f16", "q8_0", "q4_0", "q4_1", "q4_k_m", "q4_k_s", "q5_k_m", "q6_k")
 DEFAULT_TYPE = "f16"  # llama.cpp's converter's default too

@@ -23,6 +23,7 @@ import numpy as np
 
 from colibri.convert import DEFAULT_TYPE, TYPE_NAMES
 from colibri.convert.architectures import ConvertError, Plan, TensorPlan, make_plan
+from colibri.convert.mixture import ModelFacts, mixture_type
 from colibri.convert.safetensors import Checkpoint
 from colibri.convert.vocab import load_vocab
 from colibri.store.formats import GGMLType, quantize, row_nbytes
@@ -34,14 +35,22 @@ TYPES: dict[str, GGMLType] = {
     "q4_0": GGMLType.Q4_0,
     "q4_1": GGMLType.Q4_1,
 }
+# The K-quant mixtures: a type per tensor, chosen by llama.cpp's rules (``colibri.convert.mixture``).
+MIXTURES: dict[str, gguf.LlamaFileType] = {
+    "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+    "q4_k_s": gguf.LlamaFileType.MOSTLY_Q4_K_S,
+    "q5_k_m": gguf.LlamaFileType.MOSTLY_Q5_K_M,
+    "q6_k": gguf.LlamaFileType.MOSTLY_Q6_K,
+}
+assert (*TYPES, *MIXTURES) == TYPE_NAMES
 # general.file_type (llama.cpp's LlamaFileType) of a file whose matrices are of that type.
-assert tuple(TYPES) == TYPE_NAMES
 FILE_TYPES: dict[str, gguf.LlamaFileType] = {
     "f32": gguf.LlamaFileType.ALL_F32,
     "f16": gguf.LlamaFileType.MOSTLY_F16,
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
     "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
+    **MIXTURES,
 }
 QUANT_BLOCK = 32  # values per Q8_0/Q4_0/Q4_1 block: a quantized row must hold whole blocks
 # Float32 bytes of source rows converted at a time. The quantizers make a few temporaries of this
@@ -52,14 +61,33 @@ PROGRESS_WIDTH = 30  # characters of bar
 PART_SUFFIX = ".part"  # the output is written beside its final name and renamed when complete
 
 
-def tensor_type(t: TensorPlan, requested: GGMLType) -> GGMLType:
+def tensor_type(t: TensorPlan, type_name: str, facts: ModelFacts | None = None) -> GGMLType:
     """Vectors, norms and routers stay F32; a quantized type needs rows of whole blocks, else the
-    matrix falls back to F16 (as llama.cpp's converter does)."""
+    matrix falls back to F16 (as llama.cpp's converter does). A mixture picks per tensor, with
+    ``facts`` about the model (``model_facts``)."""
     if not t.quantizable or len(t.shape) == 1:
         return GGMLType.F32
+    if type_name in MIXTURES:
+        assert facts is not None
+        return mixture_type(t.name, t.shape, MIXTURES[type_name], facts)
+    requested = TYPES[type_name]
     if requested in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1) and t.shape[-1] % QUANT_BLOCK:
         return GGMLType.F16
     return requested
+
+
+def model_facts(plan: Plan) -> ModelFacts:
+    """What the mixture rules read of the model: from the metadata and the tensor names."""
+    meta = {key: value for key, value, _ in plan.metadata}
+    n_layer = int(meta[f"{plan.arch}.block_count"])
+    n_head = meta.get(f"{plan.arch}.attention.head_count")
+    n_head_kv = meta.get(f"{plan.arch}.attention.head_count_kv", n_head)
+    return ModelFacts(
+        n_layer=n_layer,
+        n_expert=int(meta.get(f"{plan.arch}.expert_count", 0)),
+        tied=all(t.name != "output.weight" for t in plan.tensors),
+        llama_70b=plan.arch == "llama" and n_layer == 80 and n_head != n_head_kv,
+    )
 
 
 def chunks(ckpt: Checkpoint, t: TensorPlan) -> Iterator[np.ndarray]:
@@ -149,8 +177,8 @@ def convert(
     with each warning line. Raises ColibriError (ConvertError, SafetensorsError) on a bad input;
     ``out`` is then left untouched.
     """
-    if type_name not in TYPES:
-        raise ConvertError(f"--type {type_name!r}: one of {', '.join(TYPES)}")
+    if type_name not in FILE_TYPES:
+        raise ConvertError(f"--type {type_name!r}: one of {', '.join(FILE_TYPES)}")
     hf_dir, out = Path(hf_dir), Path(out)
     if not out.parent.is_dir():  # before an hour of work, not after
         raise ConvertError(f"{out}: cannot write: no directory {out.parent}")
@@ -163,7 +191,7 @@ def convert(
             warn(vocab.warning)
         tmp = out.with_name(out.name + PART_SUFFIX)
         try:
-            summary = _write(ckpt, plan, vocab, tmp, TYPES[type_name], type_name, config, hf_dir,
+            summary = _write(ckpt, plan, vocab, tmp, type_name, config, hf_dir,
                              progress if progress is not None and progress.isatty() else None)
             os.replace(tmp, out)
         except OSError as e:
@@ -175,8 +203,8 @@ def convert(
     return Summary(out, summary.arch, summary.n_tensors, summary.nbytes, summary.type_counts)
 
 
-def _write(ckpt: Checkpoint, plan: Plan, vocab, path: Path, requested: GGMLType, type_name: str,
-           config: dict, hf_dir: Path, stream: IO[str] | None) -> Summary:
+def _write(ckpt: Checkpoint, plan: Plan, vocab, path: Path, type_name: str, config: dict, hf_dir: Path,
+           stream: IO[str] | None) -> Summary:
     w = gguf.GGUFWriter(path, plan.arch)
     try:
         w.add_name(str(config.get("_name_or_path") or hf_dir.resolve().name))
@@ -185,8 +213,9 @@ def _write(ckpt: Checkpoint, plan: Plan, vocab, path: Path, requested: GGMLType,
             w.add_key_value(key, value, vtype)
         vocab.write(w)
         types: list[GGMLType] = []
+        facts = model_facts(plan) if type_name in MIXTURES else None
         for t in plan.tensors:
-            gtype = tensor_type(t, requested)
+            gtype = tensor_type(t, type_name, facts)
             byte_shape = (*t.shape[:-1], row_nbytes(gtype, t.shape[-1]))
             nbytes = int(np.prod(byte_shape))
             w.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), nbytes,
