@@ -23,7 +23,7 @@ from convert_harness import TINY, write_safetensors
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from colibri.cli import main
-from colibri.model.text import ModelText
+from colibri.model.text import ClientMarkupError, ModelText
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.gguf import GGUFFile
 
@@ -248,6 +248,7 @@ def test_bos_eos_and_special_tokens(converted) -> None:
     path, hf = converted["legacy"]
     tok, llm = GGUFTokenizer(GGUFFile(path)), llama_vocab(path)
     assert (tok.add_bos, tok.add_eos, tok.bos_id, tok.eos_id, tok.unk_id) == (True, False, 1, 2, 0)
+    assert tok.max_token_bytes == max(len(t.encode()) for t in tok.tokens)  # "▁▁" typed: 6 bytes
     control, user = tok.tokens.index(CONTROL_TOKEN), tok.tokens.index(USER_TOKEN)
     for text in ("Hello world", f"{CONTROL_TOKEN} hi {USER_TOKEN}there</s>", "<s>x"):
         for special in (False, True):
@@ -358,6 +359,9 @@ def test_chat_segments_are_one_prompt(converted) -> None:
             assert ids == llm.tokenize(prompt.encode(), add_bos=False, special=True), content
         assert ids.count(text.tokenizer.tokens.index(CONTROL_TOKEN)) == 1
     assert text.count_tokens(prompt) == len(llm.tokenize(prompt.encode(), add_bos=False, special=True))
+    for name in ("<unk>", CONTROL_TOKEN, USER_TOKEN):  # what markup parses whole, a client may not write
+        with pytest.raises(ClientMarkupError):
+            text.render(messages, tools=[{"type": "function", "function": {"name": name}}])
 
 
 def test_llguidance_reads_the_vocabulary(converted) -> None:

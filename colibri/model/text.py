@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 from colibri.errors import ColibriError
 from colibri.model.chat import ChatTemplate
-from colibri.model.tokenizer import TOKEN_CONTROL, TOKEN_USER_DEFINED, GGUFTokenizer
+from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.gguf import GGUFFile
 
 
@@ -80,8 +80,7 @@ class ModelText:
     @cached_property
     def _control_texts(self) -> tuple[str, ...]:
         tok = self.tokenizer
-        kept_whole = (TOKEN_CONTROL, TOKEN_USER_DEFINED)
-        return tuple(t for t, ty in zip(tok.tokens, tok.types, strict=True) if ty in kept_whole and t)
+        return tuple(t for t, ty in zip(tok.tokens, tok.types, strict=True) if ty in tok.parsed_types and t)
 
     def _check_data(self, field: str, value: Any) -> None:
         """The trust rule for what the template renders as markup: no control token's text."""

@@ -18,6 +18,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from colibri.model.tokenizer_spm import (
     TOKEN_CONTROL,
     TOKEN_NORMAL,
+    TOKEN_UNKNOWN,
     TOKEN_UNUSED,
     TOKEN_USER_DEFINED,
     SPMEncoder,
@@ -110,14 +111,18 @@ class GGUFTokenizer:
             self._tok = _byte_level_bpe(gguf, tokens, types)
             self._bytes = _byte_level_pieces(tokens, types)
         kept_whole = (TOKEN_CONTROL, TOKEN_USER_DEFINED)
+        # The types whose text becomes the token with special tokens parsed.
+        self.parsed_types = (*kept_whole, TOKEN_UNKNOWN) if spm else kept_whole
         ends = END_OF_GENERATION_TEXTS | TURN_START_TEXTS
         marked = (i for i, (tok, ty) in enumerate(zip(tokens, types, strict=True))
                   if ty in kept_whole and tok in ends)
         self.stop_ids = frozenset([*(i for i in (self.eos_id, self.eot_id) if i is not None), *marked])
         # The most bytes of text one token stands for (a control token: its own text): a text of
-        # B bytes is at least B / max_token_bytes tokens, which bounds what a prompt can weigh.
+        # B bytes is at least B / max_token_bytes tokens, which bounds what a prompt can weigh. A
+        # SentencePiece token may be typed as its own text (a "▁" for each space, "<0x41>"), longer
+        # than what it renders.
         self.max_token_bytes = max(
-            len(tok.encode()) if ty in kept_whole else len(b)
+            len(tok.encode()) if spm or ty in kept_whole else len(b)
             for tok, ty, b in zip(tokens, types, self._bytes, strict=True)
         )
 
