@@ -102,9 +102,9 @@ class GGUFTokenizer:
         self.add_space_prefix = spm and bool(gguf.get("tokenizer.ggml.add_space_prefix", True))
         self._spm: SPMEncoder | None = None
         self._tok: Tokenizer | None = None
+        self.scores: list[float] = []  # SentencePiece's merge priorities
         if spm:
-            scores = gguf.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
-            self.scores: list[float] = [float(x) for x in scores]
+            self.scores = [float(x) for x in gguf.get("tokenizer.ggml.scores") or [0.0] * len(tokens)]
             self._spm = SPMEncoder(tokens, types, self.scores, self.add_space_prefix, self.unk_id)
             self._bytes = [piece_bytes(tok, ty) for tok, ty in zip(tokens, types, strict=True)]
         else:
