@@ -17,7 +17,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from convert_harness import TINY, write_safetensors
+from convert_harness import ARCHS, TINY, write_safetensors
 
 from colibri.cli import main
 from colibri.convert.mixture import ModelFacts, mixture_type, use_more_bits
@@ -80,25 +80,36 @@ def make_checkpoint(d: Path, model: str) -> Path:
     return d
 
 
+def quantize_both(src: Path, root: Path, name: str,
+                  mixtures: tuple[str, ...] = tuple(FTYPES)) -> dict[str, Path]:
+    """``src`` converted by coli convert to f32 and the mixtures, and llama.cpp's quantization of
+    the f32 file to them ("llama.cpp-" + mixture)."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the reference) not installed")
+    out: dict[str, Path] = {}
+    for t in ("f32", *mixtures):
+        out[t] = root / f"{name}-{t}.gguf"
+        assert main(["convert", str(src), "-o", str(out[t]), "--type", t]) == 0
+    for t in mixtures:
+        out["llama.cpp-" + t] = root / f"{name}-llama.cpp-{t}.gguf"
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.nthread, params.allow_requantize = getattr(llama_cpp, FTYPES[t]), 1, True
+        rc = llama_cpp.llama_model_quantize(str(out["f32"]).encode(), str(out["llama.cpp-" + t]).encode(),
+                                            params)
+        assert rc == 0, f"llama.cpp could not quantize {name} to {t}"
+    return out
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[tuple[str, str], Path]:
-    """Per model: coli convert's f32 and K-mixture files, and llama.cpp's quantization of the f32
-    one ("llama.cpp-" + mixture)."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python (the reference) not installed")
+    """Per model of MODELS, and per tiny checkpoint ("tiny-" + arch): ``quantize_both``."""
     root = tmp_path_factory.mktemp("ktypes")
     out: dict[tuple[str, str], Path] = {}
     for model in MODELS:
-        src = make_checkpoint(root / model, model)
-        for t in ("f32", *FTYPES):
-            out[model, t] = root / f"{model}-{t}.gguf"
-            assert main(["convert", str(src), "-o", str(out[model, t]), "--type", t]) == 0
-        for t, ftype in FTYPES.items():
-            out[model, "llama.cpp-" + t] = root / f"{model}-llama.cpp-{t}.gguf"
-            params = llama_cpp.llama_model_quantize_default_params()
-            params.ftype, params.nthread, params.allow_requantize = getattr(llama_cpp, ftype), 1, True
-            rc = llama_cpp.llama_model_quantize(str(out[model, "f32"]).encode(),
-                                                str(out[model, "llama.cpp-" + t]).encode(), params)
-            assert rc == 0, f"llama.cpp could not quantize {model} to {t}"
+        for t, path in quantize_both(make_checkpoint(root / model, model), root, model).items():
+            out[model, t] = path
+    for arch in ARCHS:  # rows of 64: every tensor by fallback, but every architecture's names
+        for t, path in quantize_both(TINY / arch, root, "tiny-" + arch, ("q4_k_m",)).items():
+            out["tiny-" + arch, t] = path
     return out
 
 
@@ -109,8 +120,8 @@ def tensors(path: Path) -> dict[str, tuple[str, bytes]]:
             for t in reader.tensors}
 
 
-@pytest.mark.parametrize("ftype", FTYPES)
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("model", "ftype"), [*((m, t) for m in MODELS for t in FTYPES),
+                                              *((f"tiny-{a}", "q4_k_m") for a in ARCHS)])
 def test_types_and_bytes_are_llama_cpps(files, model: str, ftype: str) -> None:
     ours, theirs = tensors(files[model, ftype]), tensors(files[model, "llama.cpp-" + ftype])
     assert sorted(ours) == sorted(theirs)
