@@ -91,8 +91,8 @@ def _q2_k(w: np.ndarray, out: np.ndarray) -> None:
                     sc = np.int64(w[s])
                     s += 1
                     dl, ml = d * np.float32(sc & 0xF), dmin * np.float32(sc >> 4)
-                    for l in range(16):
-                        out[y] = dl * np.float32((np.int64(w[q + 16 * half_ + l]) >> shift) & 3) - ml
+                    for i in range(16):
+                        out[y] = dl * np.float32((np.int64(w[q + 16 * half_ + i]) >> shift) & 3) - ml
                         y += 1
 
 
@@ -119,9 +119,9 @@ def _q3_k(w: np.ndarray, out: np.ndarray) -> None:
                 for half_ in range(2):
                     dl = d * np.float32(_q3_k_scale(w, base + 96, j))
                     j += 1
-                    for l in range(16):
-                        lo = (np.int64(w[q + 16 * half_ + l]) >> shift) & 3
-                        hi = 0 if np.int64(w[base + 16 * half_ + l]) & bit else 4
+                    for i in range(16):
+                        lo = (np.int64(w[q + 16 * half_ + i]) >> shift) & 3
+                        hi = 0 if np.int64(w[base + 16 * half_ + i]) & bit else 4
                         out[y] = dl * np.float32(lo - hi)
                         y += 1
                 bit <<= 1
@@ -150,15 +150,15 @@ def _q45_k(w: np.ndarray, out: np.ndarray, size: int, fifth_bit: bool) -> None:
             sc, mn = _scale_min_k4(w, base + 4, 2 * j64 + 1)
             d2, m2 = d * np.float32(sc), dmin * np.float32(mn)
             y, q = b * QK_K + 64 * j64, qs + 32 * j64
-            for l in range(32):
-                v = np.int64(w[q + l])
+            for i in range(32):
+                v = np.int64(w[q + i])
                 h1 = h2 = 0
                 if fifth_bit:
-                    h = np.int64(w[base + 16 + l])
+                    h = np.int64(w[base + 16 + i])
                     h1 = 16 if h & (1 << (2 * j64)) else 0
                     h2 = 16 if h & (2 << (2 * j64)) else 0
-                out[y + l] = d1 * np.float32((v & 0xF) + h1) - m1
-                out[y + 32 + l] = d2 * np.float32((v >> 4) + h2) - m2
+                out[y + i] = d1 * np.float32((v & 0xF) + h1) - m1
+                out[y + 32 + i] = d2 * np.float32((v >> 4) + h2) - m2
 
 
 @nb.njit(**JIT_OPTIONS)
@@ -169,14 +169,14 @@ def _q6_k(w: np.ndarray, out: np.ndarray) -> None:
         d = half(w[base + 208], w[base + 209])
         for n in range(2):
             ql, qh, sc, y = base + 64 * n, base + 128 + 32 * n, base + 192 + 8 * n, b * QK_K + 128 * n
-            for l in range(32):
-                lo0, lo1, h = np.int64(w[ql + l]), np.int64(w[ql + l + 32]), np.int64(w[qh + l])
+            for i in range(32):
+                lo0, lo1, h = np.int64(w[ql + i]), np.int64(w[ql + i + 32]), np.int64(w[qh + i])
                 qv = ((lo0 & 0xF) | ((h & 3) << 4), (lo1 & 0xF) | (((h >> 2) & 3) << 4),
                       (lo0 >> 4) | (((h >> 4) & 3) << 4), (lo1 >> 4) | (((h >> 6) & 3) << 4))
                 for k in range(4):
-                    s = np.int64(w[sc + l // 16 + 2 * k])
+                    s = np.int64(w[sc + i // 16 + 2 * k])
                     s = s - 256 if s >= 128 else s
-                    out[y + l + 32 * k] = d * np.float32(s) * np.float32(qv[k] - 32)
+                    out[y + i + 32 * k] = d * np.float32(s) * np.float32(qv[k] - 32)
 
 
 @nb.njit(**JIT_OPTIONS)
@@ -192,7 +192,8 @@ def _iq4(w: np.ndarray, out: np.ndarray, xs: bool) -> None:
             dl, qs = d, base + 2
             if xs:
                 scales_h = np.int64(w[base + 2]) | (np.int64(w[base + 3]) << 8)
-                ls = ((np.int64(w[base + 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)
+                low = (np.int64(w[base + 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF
+                ls = low | (((scales_h >> (2 * ib)) & 3) << 4)
                 dl, qs = d * np.float32(ls - 32), base + 8 + 16 * ib
             y = b * per + BLOCK * ib
             for j in range(16):

@@ -8,8 +8,8 @@ For many rows (prefill, big batches) the *tiled* path dequantizes a tile of rows
 lets BLAS (``np.dot`` inside numba) multiply: the expansion is paid once per tile and reused by
 every activation row; the whole matrix is never expanded.
 
-Weights kept as the file's blocks (Q5, the K-quants, IQ4: ``Kind.BLOCKS``) take both paths with
-their rows decoded to float32 GROUP rows at a time, transposed so that the rows are the lanes again.
+Weights kept as the file's blocks (Q5, the K-quants, IQ4: ``Kind.BLOCKS``) have their own two
+paths, in ``block_matmul``.
 """
 
 from __future__ import annotations
@@ -17,23 +17,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from colibri.model.kernels.block_matmul import MAX_CHUNKS, TILE_ROWS, direct_blocks, tiled_blocks
 from colibri.store.formats import BLOCK
-from colibri.store.packed import (
-    GROUP,
-    JIT_OPTIONS,
-    KIND_BLOCKS,
-    KIND_F32,
-    KIND_Q4,
-    Weight,
-    dequantize_row,
-    nibbles,
-)
+from colibri.store.packed import GROUP, JIT_OPTIONS, KIND_BLOCKS, KIND_F32, KIND_Q4, Weight, nibbles
 
-# Weight rows per BLAS tile: 256 rows of 1536 floats is 1.5 MB, about what L2 holds.
-TILE_ROWS = 256
-# Runs of row groups the direct path splits a matrix into for its threads (a constant: numba
-# cannot cache code that asks for the thread count).
-MAX_CHUNKS = 32
 # LANES_AT_RUN_TIME: the Q8 lane loops take their trip count from an array shape, not from GROUP.
 # With a constant 32, LLVM fully unrolls their short bodies into scalar code before the vectorizer
 # sees them (the Q8_0 output head ran 4x slower); the Q4 bodies are long enough to stay loops.
@@ -148,54 +135,6 @@ def _tiled(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
 
 
 @nb.njit(**_JIT)
-def _decode_rows_t(w: Weight, r0: int, r1: int, row: np.ndarray, tile_t: np.ndarray) -> None:
-    """Rows ``r0..r1`` of an in-place weight, decoded into the columns of ``tile_t[K, :]``."""
-    for r in range(r0, r1):
-        dequantize_row(w.raw[w.row_at[r]:], w.row_type[r], row)
-        for k in range(row.shape[0]):
-            tile_t[k, r - r0] = row[k]
-
-
-@nb.njit(parallel=True, **_JIT)
-def _direct_blocks(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
-    """The direct path on in-place blocks: GROUP rows decoded once for every activation row, each
-    lane's sum taken in the same order whatever the batch."""
-    t_rows, k_cols = x.shape
-    n_groups = -(-w.n_rows // GROUP)
-    n_chunks = min(n_groups, MAX_CHUNKS)
-    for c in nb.prange(n_chunks):
-        row = np.empty(k_cols, np.float32)
-        tile_t = np.zeros((k_cols, GROUP), np.float32)
-        acc = np.empty(GROUP, np.float32)
-        lanes = tile_t.shape[1]  # see LANES_AT_RUN_TIME
-        for g in range(c * n_groups // n_chunks, (c + 1) * n_groups // n_chunks):
-            r0 = g * GROUP
-            r1 = min(w.n_rows, r0 + GROUP)
-            _decode_rows_t(w, r0, r1, row, tile_t)
-            for t in range(t_rows):
-                acc[:] = 0.0
-                xt = x[t]
-                for k in range(k_cols):
-                    xv, tk = xt[k], tile_t[k]
-                    for r in range(lanes):
-                        acc[r] += tk[r] * xv
-                for r in range(r1 - r0):
-                    out[t, r0 + r] = acc[r]
-
-
-@nb.njit(parallel=True, **_JIT)
-def _tiled_blocks(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
-    k_cols = x.shape[1]
-    for c in nb.prange(-(-w.n_rows // TILE_ROWS)):
-        r0 = c * TILE_ROWS
-        r1 = min(w.n_rows, r0 + TILE_ROWS)
-        row = np.empty(k_cols, np.float32)
-        tile_t = np.empty((k_cols, r1 - r0), np.float32)
-        _decode_rows_t(w, r0, r1, row, tile_t)
-        out[:, r0:r1] = np.dot(x, tile_t)
-
-
-@nb.njit(**_JIT)
 def qmatmul(x: np.ndarray, w: Weight, out: np.ndarray, n_direct: int) -> None:
     """``out[T, N] = x[T, K] @ W.T``: rows ``[0, n_direct)`` on the direct path, the rest tiled.
 
@@ -211,9 +150,9 @@ def qmatmul(x: np.ndarray, w: Weight, out: np.ndarray, n_direct: int) -> None:
         return
     if w.kind == KIND_BLOCKS:
         if n_direct > 0:
-            _direct_blocks(x[:n_direct], w, out[:n_direct])
+            direct_blocks(x[:n_direct], w, out[:n_direct])
         if n_direct < x.shape[0]:
-            _tiled_blocks(x[n_direct:], w, out[n_direct:])
+            tiled_blocks(x[n_direct:], w, out[n_direct:])
         return
     if n_direct > 0:
         _direct(x[:n_direct], w, out[:n_direct])
