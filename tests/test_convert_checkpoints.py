@@ -91,13 +91,14 @@ def convert_reference(capsys, tmp_path: Path) -> Path:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="writer.convert does not yet pass Plan.warnings to warn")
 def test_nextn_layer_not_saved_prints_one_warning(capsys, tmp_path: Path) -> None:
     err = convert_ok(capsys, glm_without_nextn(tmp_path), tmp_path / "g.gguf")
     lines = err.strip().splitlines()
     warnings = [line for line in lines if line.startswith("coli: warning: ")]
-    assert len(warnings) == 1 and "NextN" in warnings[0], err
-    assert len(lines) == 2 and "placeholder vocabulary" in lines[0]  # the tiny glm has no tokenizer
+    nextn = [line for line in warnings if "NextN" in line]
+    assert len(nextn) == 1, err
+    # the only other line: the tiny glm has no tokenizer
+    assert len(lines) == 2 and any("placeholder vocabulary" in line for line in warnings), err
 
 
 def test_nextn_layer_partly_saved_is_refused(capsys, tmp_path: Path) -> None:

@@ -187,8 +187,9 @@ def convert(
     try:
         plan = make_plan(config, {n: e.shape for n, e in ckpt.entries.items()})
         vocab = load_vocab(hf_dir, config, plan.n_vocab)
-        if vocab.warning and warn is not None:
-            warn(vocab.warning)
+        for line in [*plan.warnings, *([vocab.warning] if vocab.warning else [])]:
+            if warn is not None:
+                warn(line)
         tmp = out.with_name(out.name + PART_SUFFIX)
         try:
             summary = _write(ckpt, plan, vocab, tmp, type_name, config, hf_dir,
