@@ -121,7 +121,7 @@ def cmd_logits(args: argparse.Namespace) -> int:
     if args.prompt_ids is not None:
         ids = _ids(args.prompt_ids)
     else:
-        ids = model.tokenizer.encode(args.raw, special=True)
+        ids = model.tokenizer.encode(args.raw, special=True, add_special=True)
     _check_ids(model, ids)
     logits = _sequence(model, args).prefill(ids, all_logits=True)
     k = logits.shape[1] if args.top == 0 else min(args.top, logits.shape[1])

@@ -139,5 +139,6 @@ class ModelText:
         return self.tokenizer.encode_segments((seg.text, seg.markup) for seg in segments)
 
     def encode_text(self, text: str) -> list[int]:
-        """Token ids of a client's raw text (``/v1/completions``): data, no control tokens."""
-        return self.tokenizer.encode(text, special=False)
+        """Token ids of a client's raw text (``/v1/completions``): data, no control tokens; BOS
+        first when the file asks for it (Llama-2, Mistral), as llama.cpp's server adds it."""
+        return self.tokenizer.encode(text, special=False, add_special=True)

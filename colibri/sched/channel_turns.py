@@ -35,7 +35,8 @@ class TurnRenderer:
         self.tok = text.tokenizer
 
     def _ids(self, segments) -> list[int]:
-        return [t for seg in segments for t in self.tok.encode(seg.text, special=seg.markup)]
+        # one prompt: SentencePiece's space prefix at its start, not in front of every segment
+        return self.tok.encode_segments((seg.text, seg.markup) for seg in segments)
 
     def _segments(self, prev_role: str | None, messages: list[dict[str, Any]],
                   tools: list[dict] | None = None):

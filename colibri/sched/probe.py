@@ -64,6 +64,7 @@ def run_probe(model: EngineModel, kv: KVCache, slot: int, start: int, prompt: Se
             logits = model.forward(np.asarray([pick], np.int64), np.asarray([slot], np.int64),
                                    np.asarray([pos], np.int64), kv, np.asarray([0], np.int64), 1)[0]
             pos += 1
-    text = model.tokenizer.decode(out).encode() if out else b""
+    stream = model.tokenizer.stream()  # as generated text is streamed (decode() drops an SPM lead space)
+    text = ("".join(stream.feed(t) for t in out) + stream.flush()).encode()
     cost_ms = (time.perf_counter() - t0) * 1000.0
     return cf.AutonomicResult(index, token, confidence, entropy, cost_ms, text[:MAX_TEXT])
