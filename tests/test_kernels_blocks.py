@@ -119,7 +119,7 @@ def test_a_stack_mixing_types_is_the_concatenation_and_keeps_the_files_bytes():
     assert weight.raw.nbytes == raw0.nbytes + raw1.nbytes + raw2.nbytes
     assert weight.f.size == weight.q.size == 0
     assert packed_nbytes([(p.shape[0], t) for p, t in parts], k) == (
-        weight.raw.nbytes + weight.row_at.nbytes + weight.row_type.nbytes)
+        weight.raw.nbytes + weight.parts.nbytes)
     ref = np.concatenate([w0, w1, w2])
     for t in T_ROWS:
         check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref)

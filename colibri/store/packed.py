@@ -63,8 +63,8 @@ class Weight(NamedTuple):
     m: np.ndarray  # float32 [G, nb, GROUP]
     f: np.ndarray  # float32 [N, K], for the float formats
     raw: np.ndarray  # read-only uint8 [bytes]: Kind.BLOCKS, the rows' file blocks end to end
-    row_at: np.ndarray  # int64 [N]: Kind.BLOCKS, where each row starts in ``raw``
-    row_type: np.ndarray  # int64 [N]: Kind.BLOCKS, each row's block type (stacked parts may differ)
+    parts: np.ndarray  # int64 [P, 4]: Kind.BLOCKS, per stacked part (first row, byte offset in
+    #                   ``raw``, bytes per row, block type): parts may differ in type
 
 
 class SwiGLUWeights(NamedTuple):
@@ -78,7 +78,7 @@ class SwiGLUWeights(NamedTuple):
 _EMPTY_Q = np.zeros((0, 0, 0, 0), np.uint8)
 _EMPTY_S = np.zeros((0, 0, 0), np.float32)
 _EMPTY_F = np.zeros((0, 0), np.float32)
-_EMPTY_I = np.zeros(0, np.int64)
+_EMPTY_PARTS = np.zeros((0, 4), np.int64)
 # Read-only, as the file's mmap is: every Weight's ``raw`` has one numba type, so a layer's weights
 # stay a homogeneous tuple whichever kinds they hold.
 _EMPTY_RAW = np.zeros(0, np.uint8)
@@ -101,8 +101,8 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int) -> int:
     kind, n_rows = packed_kind([t for _, t in parts]), sum(rows for rows, _ in parts)
     if kind == KIND_F32:
         return n_rows * n_cols * 4
-    if kind == KIND_BLOCKS:  # the file's bytes, and the two row indexes
-        return sum(rows * (row_nbytes(GGMLType(t), n_cols) + 16) for rows, t in parts)
+    if kind == KIND_BLOCKS:  # the file's bytes, and a line of the part table per part
+        return sum(rows * row_nbytes(GGMLType(t), n_cols) + 32 for rows, t in parts)
     per = Q4_BYTES if kind == KIND_Q4 else Q8_BYTES  # quant bytes per block per row, then d and m
     return -(-n_rows // GROUP) * GROUP * (n_cols // BLOCK) * (per + 8)
 
@@ -127,7 +127,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
             _pack_rows(raw, fmt.nbytes, layout.quants_at, layout.min_at, layout.offset_scale,
                        np.uint8(layout.flip), row, q, d, m)
             row += raw.shape[0]
-        return Weight(kind, n_rows, q, d, m, _EMPTY_F, _EMPTY_RAW, _EMPTY_I, _EMPTY_I)
+        return Weight(kind, n_rows, q, d, m, _EMPTY_F, _EMPTY_RAW, _EMPTY_PARTS)
     f = np.empty((n_rows, n_cols), np.float32)
     row = 0
     for raw, t in parts:
@@ -135,7 +135,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
         for r in range(raw.shape[0]):
             dequantize_row(raw[r], t, f[row])
             row += 1
-    return Weight(KIND_F32, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, f, _EMPTY_RAW, _EMPTY_I, _EMPTY_I)
+    return Weight(KIND_F32, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, f, _EMPTY_RAW, _EMPTY_PARTS)
 
 
 def _blocks_weight(parts: list[tuple[np.ndarray, int]], n_rows: int, copy: bool) -> Weight:
@@ -144,15 +144,22 @@ def _blocks_weight(parts: list[tuple[np.ndarray, int]], n_rows: int, copy: bool)
     else:
         raw = np.concatenate([np.ascontiguousarray(p).reshape(-1) for p, _ in parts])
     raw.setflags(write=False)
-    row_at = np.empty(n_rows, np.int64)
-    row_type = np.empty(n_rows, np.int64)
+    table = np.empty((len(parts), 4), np.int64)
     row, at = 0, 0
-    for part, t in parts:
+    for i, (part, t) in enumerate(parts):
         rows, size = part.shape
-        row_at[row : row + rows] = at + size * np.arange(rows)
-        row_type[row : row + rows] = t
+        table[i] = (row, at, size, t)
         row, at = row + rows, at + rows * size
-    return Weight(KIND_BLOCKS, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, _EMPTY_F, raw, row_at, row_type)
+    return Weight(KIND_BLOCKS, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, _EMPTY_F, raw, table)
+
+
+@nb.njit(inline="always", **JIT_OPTIONS)
+def block_row(w: Weight, r: int) -> tuple[int, int]:
+    """(byte offset in ``w.raw``, block type) of row ``r`` of an in-place weight."""
+    p = 0
+    while p + 1 < w.parts.shape[0] and w.parts[p + 1, 0] <= r:
+        p += 1
+    return w.parts[p, 1] + (r - w.parts[p, 0]) * w.parts[p, 2], w.parts[p, 3]
 
 
 @nb.njit(inline="always", **JIT_OPTIONS)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from colibri.store.packed import GROUP, JIT_OPTIONS, Weight, dequantize_row
+from colibri.store.packed import GROUP, JIT_OPTIONS, Weight, block_row, dequantize_row
 
 # Weight rows per BLAS tile: 256 rows of 1536 floats is 1.5 MB, about what L2 holds.
 TILE_ROWS = 256
@@ -32,7 +32,8 @@ _JIT = JIT_OPTIONS
 def _decode_rows_t(w: Weight, r0: int, r1: int, row: np.ndarray, tile_t: np.ndarray) -> None:
     """Rows ``r0..r1`` decoded into the columns of ``tile_t[K, :]``."""
     for r in range(r0, r1):
-        dequantize_row(w.raw[w.row_at[r]:], w.row_type[r], row)
+        at, gtype = block_row(w, r)
+        dequantize_row(w.raw[at:], gtype, row)
         for k in range(row.shape[0]):
             tile_t[k, r - r0] = row[k]
 
