@@ -134,3 +134,55 @@ def assert_same_tensors(a: Path, b: Path) -> None:
     for name, ti in ga.tensors.items():
         assert gb.tensors[name].gtype == ti.gtype, name
         np.testing.assert_array_equal(values(ga, name), values(gb, name), err_msg=name)
+
+
+# --- a wider random MoE checkpoint (tests/test_kquants_wide.py) ----------------------------------
+
+# qwen2moe (routed experts and a sigmoid-gated shared expert) whose every matrix row length is a
+# multiple of 256, so that llama.cpp's K-quant mixtures give real K-quant blocks to every matrix.
+WIDE_MOE = dict(hidden_size=512, head_dim=128, num_attention_heads=4, num_key_value_heads=2,
+                moe_intermediate_size=256, shared_expert_intermediate_size=512, intermediate_size=512,
+                num_experts=8, num_experts_per_tok=2, num_hidden_layers=4, vocab_size=640,
+                max_position_embeddings=512)
+
+
+def make_wide_moe(d: Path, seed: int = 0, layer_std: float = 0.75, output_std: float = 0.5,
+                  **changes) -> Path:
+    """A Hugging Face qwen2moe directory: tiny_hf/qwen2moe's config with ``WIDE_MOE`` (and
+    ``changes``), Gaussian weights. Matrices have std ``layer_std / sqrt(fan_in)`` (q and k
+    ``1 / sqrt(fan_in)``: soft attention); the output matrix ``output_std``, so that the logits
+    are confident (logit std about ``output_std * sqrt(hidden)``); routers give logits of std 4."""
+    cfg = {**json.loads((TINY / "qwen2moe" / "config.json").read_text()), **WIDE_MOE, **changes}
+    cfg["layer_types"] = ["full_attention"] * cfg["num_hidden_layers"]
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    rng = np.random.default_rng(seed)
+    h, hd, n_exp = cfg["hidden_size"], cfg["head_dim"], cfg["num_experts"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+
+    def w(rows: int, cols: int, std: float | None = None) -> np.ndarray:
+        return rng.standard_normal((rows, cols)) * (layer_std / cols**0.5 if std is None else std)
+
+    def vec(n: int, mean: float, std: float) -> np.ndarray:  # norm weights, biases
+        return mean + std * rng.standard_normal(n)
+
+    def swiglu(prefix: str, n_ff: int) -> dict[str, np.ndarray]:
+        return {prefix + "gate_proj.weight": w(n_ff, h), prefix + "up_proj.weight": w(n_ff, h),
+                prefix + "down_proj.weight": w(h, n_ff)}
+
+    t = {"model.embed_tokens.weight": w(cfg["vocab_size"], h, 1.0), "model.norm.weight": vec(h, 1, 0.1),
+         "lm_head.weight": w(cfg["vocab_size"], h, output_std)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            t[f"{p}{norm}.weight"] = vec(h, 1, 0.1)
+        for x, rows in (("q", q), ("k", kv), ("v", kv)):
+            t[f"{p}self_attn.{x}_proj.weight"] = w(rows, h, None if x == "v" else h**-0.5)
+            t[f"{p}self_attn.{x}_proj.bias"] = vec(rows, 0, 0.2)
+        t |= {p + "self_attn.o_proj.weight": w(h, q), p + "mlp.gate.weight": w(n_exp, h, 4 * h**-0.5),
+              p + "mlp.shared_expert_gate.weight": w(1, h, h**-0.5),
+              **swiglu(p + "mlp.shared_expert.", cfg["shared_expert_intermediate_size"])}
+        for e in range(n_exp):
+            t |= swiglu(f"{p}mlp.experts.{e}.", cfg["moe_intermediate_size"])
+    write_safetensors(d / "model.safetensors", {n: a.astype(np.float32) for n, a in t.items()})
+    return d
