@@ -111,52 +111,21 @@ def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
     return blocks[:, at : at + 2].copy().view(np.float16).astype(np.float32)
 
 
-def _f16_bytes(values: np.ndarray) -> np.ndarray:
-    return values.astype(np.float16)[:, None].view(np.uint8)
-
-
 def _nibbles(qs: np.ndarray) -> np.ndarray:
     """Quants j (low nibble of byte j) and j + 16 (high nibble) of each block, in element order."""
     return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
-
-
-def _safe_inverse(d: np.ndarray) -> np.ndarray:
-    return np.where(d != 0, 1.0 / np.where(d != 0, d, 1), 0.0)
 
 
 def _dequantize_q4_0(blocks: np.ndarray) -> np.ndarray:
     return _f16(blocks, 0) * (_nibbles(blocks[:, 2:18]) - 8.0)
 
 
-def _quantize_q4_0(x: np.ndarray) -> np.ndarray:
-    mx = x[np.arange(len(x)), np.abs(x).argmax(axis=1)]
-    d = mx / -8.0
-    q = np.clip(np.floor(x * _safe_inverse(d)[:, None] + 8.5), 0, 15).astype(np.uint8)
-    return np.concatenate([_f16_bytes(d), q[:, :16] | (q[:, 16:] << 4)], axis=1)
-
-
 def _dequantize_q4_1(blocks: np.ndarray) -> np.ndarray:
     return _f16(blocks, 0) * _nibbles(blocks[:, 4:20]) + _f16(blocks, 2)
 
 
-def _quantize_q4_1(x: np.ndarray) -> np.ndarray:
-    lo, hi = x.min(axis=1), x.max(axis=1)
-    d = (hi - lo) / 15.0
-    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1), 0.0)
-    q = np.clip(np.floor((x - lo[:, None]) * inv[:, None] + 0.5), 0, 15).astype(np.uint8)
-    head = np.stack([d.astype(np.float16), lo.astype(np.float16)], axis=1).view(np.uint8)
-    return np.concatenate([head, q[:, :16] | (q[:, 16:] << 4)], axis=1)
-
-
 def _dequantize_q8_0(blocks: np.ndarray) -> np.ndarray:
     return _f16(blocks, 0) * blocks[:, 2:].view(np.int8).astype(np.float32)
-
-
-def _quantize_q8_0(x: np.ndarray) -> np.ndarray:
-    d = np.abs(x).max(axis=1) / 127.0
-    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1), 0.0)
-    q = np.clip(np.round(x * inv[:, None]), -127, 127).astype(np.int8)
-    return np.concatenate([_f16_bytes(d), q.view(np.uint8)], axis=1)
 
 
 def _dequantize_f32(blocks: np.ndarray) -> np.ndarray:
@@ -276,7 +245,8 @@ def dequantize(raw: np.ndarray, gtype: GGMLType, n_elements: int) -> np.ndarray:
 
 
 def quantize(values: np.ndarray, gtype: GGMLType) -> np.ndarray:
-    """Reference quantization to the bytes of ``gtype`` (round-to-nearest, as ggml does)."""
+    """Reference quantization to the bytes of ``gtype``, bit-exact with ggml's ``quantize_row_*_ref``
+    for the quantized formats (``quantize_k``)."""
     fmt = FORMATS.get(gtype)
     if fmt is None or fmt.quantize is None:
         raise ValueError(f"no quantizer for {GGMLType(gtype).name}")
