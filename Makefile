@@ -93,8 +93,12 @@ $(BROWSER_STAMP): | $(VENV)/bin/python
 	if [ -x $(CHROMIUM) ]; then echo "browser: $$($(CHROMIUM) --version 2>/dev/null)"; fi; \
 	touch $@
 
-bench: install
-	$(BIN)/python bench/bench_forward.py
+# The issue-15 table, colibri against llama.cpp on the same file, 2 threads each: the default model
+# and its Q4_K_M requantization (made once by llama.cpp's quantizer, cached in .bench-cache/ with
+# the JSON of the last table). RUNS runs per figure, the median shown.
+RUNS ?= 3
+bench: install $(PEER_STAMP)
+	$(BIN)/python bench/bench_table.py --q4km --runs $(RUNS) --json .bench-cache/table.json
 
 # The protocol codecs and the HTTP body validator under libFuzzer, FUZZ_SECONDS each; new inputs go
 # to fuzz/out/ (ignored), the seed corpora in fuzz/corpus/ are only read. A crash leaves its input in fuzz/out/ (fuzz/README.md).
