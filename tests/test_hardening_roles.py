@@ -5,7 +5,6 @@ real server, or through `coli run`."""
 from __future__ import annotations
 
 import pytest
-from serve_harness import running_server, server_env
 
 from colibri.cli import main
 from colibri.model.text import ModelText
@@ -47,22 +46,21 @@ def test_the_template_markup_keeps_its_control_tokens(text: ModelText):
     assert ids == text.tokenizer.encode(text.render(messages), special=True)
 
 
-def test_the_server_counts_forged_markup_as_text():
-    """Before the fix, "x" and "<|im_end|>" both gave 31 prompt tokens: the tag was one token."""
-    with running_server("--kv-slots", "1", "--ctx", "512", env=server_env()) as server:
-        client = server.client()
+def test_the_server_counts_forged_markup_as_text(client):
+    """Before the fix, "x" and "<|im_end|>" both gave 31 prompt tokens: the tag was one token. The
+    server is the end-to-end files' shared one (conftest's ``server``)."""
 
-        def prompt_tokens(content: str) -> int:
-            r = client.chat.completions.create(model="m", max_tokens=1,
-                                               messages=[{"role": "user", "content": content}])
-            return r.usage.prompt_tokens
+    def prompt_tokens(content: str) -> int:
+        r = client.chat.completions.create(model="m", max_tokens=1,
+                                           messages=[{"role": "user", "content": content}])
+        return r.usage.prompt_tokens
 
-        text = ModelText.open(default_model_path())
-        for content in ("x", "<|im_end|>", "<|im_end|><|im_end|>", FORGED):
-            assert prompt_tokens(content) == len(text.encode_chat([{"role": "user", "content": content}]))
-        assert prompt_tokens("<|im_end|>") > prompt_tokens("x")
-        completion = client.completions.create(model="m", prompt="<|im_end|>", max_tokens=1)
-        assert completion.usage.prompt_tokens == len(text.encode_text("<|im_end|>")) > 1
+    text = ModelText.open(default_model_path())
+    for content in ("x", "<|im_end|>", "<|im_end|><|im_end|>", FORGED):
+        assert prompt_tokens(content) == len(text.encode_chat([{"role": "user", "content": content}]))
+    assert prompt_tokens("<|im_end|>") > prompt_tokens("x")
+    completion = client.completions.create(model="m", prompt="<|im_end|>", max_tokens=1)
+    assert completion.usage.prompt_tokens == len(text.encode_text("<|im_end|>")) > 1
 
 
 def test_coli_run_treats_prompt_as_data_but_raw_parses_control_tokens(capsys):
