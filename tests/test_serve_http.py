@@ -2,8 +2,9 @@
 the Host header guard and CORS, health, metrics and experts, clients that leave, and connections
 that must be closed (slow loris, idle keep-alive, ``Connection: close``).
 
-One server shared by the module; the slow-loris connections open first and are checked last, so
-their waits overlap the other tests.
+One server for the module, its own: the shared flags with short body and keep-alive timeouts, so the
+slow-loris connections, opened first and checked last (their waits overlap the other tests), are
+closed within seconds rather than after the defaults' 30 and 15.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import httpx
 import pytest
 from serve_harness import (
     LONG_Q,
+    SHARED_SERVER_ARGS,
     UI_ORIGIN,
     error_body,
     parse_response,
@@ -26,8 +28,11 @@ from serve_harness import (
     wait_until,
 )
 
-from colibri.api.app import BODY_TIMEOUT_S, MAX_BODY
-from colibri.api.http_server import KEEP_ALIVE_S
+from colibri.api.app import MAX_BODY
+
+BODY_TIMEOUT_S = 4.0  # seconds: --body-timeout (default 30)
+KEEP_ALIVE_S = 4.0  # seconds: --keep-alive (default 15)
+SERVER_ARGS = (*SHARED_SERVER_ARGS, "--body-timeout", str(BODY_TIMEOUT_S), "--keep-alive", str(KEEP_ALIVE_S))
 
 # ------------------------------------------------------------------------------------------ fixtures
 
