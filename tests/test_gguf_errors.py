@@ -203,14 +203,14 @@ def test_corrupt_shape_overflowing_the_element_count(tmp_path, shape):
 
 
 def test_known_but_unsupported_type_opens_then_require_supported_raises(tmp_path):
-    blob, _ = build([q8_tensor("a"), ("ffn_down.weight", (256, 2), 13, b"\0" * 352)])
-    path = write(tmp_path, "q5k.gguf", blob)
+    blob, _ = build([q8_tensor("a"), ("ffn_down.weight", (256, 2), 16, b"\0" * 132)])
+    path = write(tmp_path, "iq2.gguf", blob)
     g = GGUFFile(path)
-    assert g.tensors["ffn_down.weight"].gtype == GGMLType.Q5_K
-    assert g.raw("ffn_down.weight").shape == (2, 176)
+    assert g.tensors["ffn_down.weight"].gtype == GGMLType.IQ2_XXS
+    assert g.raw("ffn_down.weight").shape == (2, 66)
     with pytest.raises(GGUFError) as exc:
         g.require_supported("ffn_down.weight")
-    assert str(path) in str(exc.value) and "'ffn_down.weight'" in str(exc.value) and "Q5_K" in str(exc.value)
+    assert str(path) in str(exc.value) and "'ffn_down.weight'" in str(exc.value) and "IQ2_XXS" in str(exc.value)
     with pytest.raises(GGUFError, match="missing"):
         g.require_supported("nope")
 
