@@ -42,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import QUESTIONS, Engine, prompt  # noqa: E402
+from bench_http import proc_cpu_s  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".bench-cache"
@@ -84,9 +85,11 @@ def print_table(model: Path, rows: list[Row], step: dict | None, runs: int) -> N
         c, p, ratio = row.medians()
         print(f"| {row.figure} | {_fmt(c)} | {_fmt(p)} | {'—' if ratio is None else f'{ratio:.2f}×'} |")
     if step:
-        print(f"\none engine decode step, one stream: {step['engine_ms']:.2f} ms per token = forward "
-              f"{step['forward_ms']:.2f} ms + greedy sampling {step['sampling_ms']:.2f} ms + the rest "
-              f"{step['rest_ms']:.2f} ms (worker-thread hop, scheduling, protocol writing, the reader)")
+        print(f"\none engine decode step, one stream, CPU ms per token (both threads): engine "
+              f"{step['engine_cpu_ms']:.2f} = forward {step['forward_cpu_ms']:.2f} + greedy sampling "
+              f"{step['sampling_cpu_ms']:.2f} + the rest {step['rest_cpu_ms']:.2f} (thread hop, scheduling, "
+              f"protocol writing); wall: engine {step['engine_wall_ms']:.1f} ms per token, forward "
+              f"{step['forward_wall_ms']:.1f} ms in-process")
 
 
 def in_process_worker(model: Path, runs: int) -> dict:
@@ -105,17 +108,22 @@ def in_process_worker(model: Path, runs: int) -> dict:
     seq, sampler = SingleSequence(m, 256, 128), Sampler(SamplingParams())
     history = random_prompt(16, m.hp.n_vocab)
     logits = seq.prefill(history)[-1]
-    forward, sampling = [], []
-    for _ in range(56):
-        t0 = time.perf_counter()
+    wall: dict[str, list[float]] = {"forward": [], "sampling": []}
+    cpu = dict(forward=0.0, sampling=0.0)
+    for i in range(56):
+        t0, c0 = time.perf_counter(), time.process_time()
         token = sampler(logits, history)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         logits = seq.step(np.array([token]), False)[-1]
-        sampling.append(t1 - t0)
-        forward.append(time.perf_counter() - t1)
+        wall["sampling"].append(t1 - t0)
+        wall["forward"].append(time.perf_counter() - t1)
+        if i >= 8:
+            cpu["sampling"] += (c1 - c0) / 48
+            cpu["forward"] += (time.process_time() - c1) / 48
         history.append(token)
-    return {"prefill_runs": prefill_runs, "forward_ms": 1e3 * statistics.median(forward[8:]),
-            "sampling_ms": 1e3 * statistics.median(sampling[8:])}
+    return {"prefill_runs": prefill_runs, "forward_ms": 1e3 * statistics.median(wall["forward"][8:]),
+            "sampling_ms": 1e3 * statistics.median(wall["sampling"][8:]),
+            "forward_cpu_ms": 1e3 * cpu["forward"], "sampling_cpu_ms": 1e3 * cpu["sampling"]}
 
 
 def colibri_env(**extra: str) -> dict[str, str]:
@@ -168,12 +176,15 @@ def engine_run(model: Path) -> dict[str, float]:
         engine = Engine(str(model))
         ready = time.perf_counter() - start
         engine.run(2, 8)
-        one, many = engine.run(1, TOKENS), engine.run(STREAMS, TOKENS)
+        cpu0 = proc_cpu_s(engine.proc.pid)
+        one = engine.run(1, TOKENS)
+        cpu_ms = 1e3 * (proc_cpu_s(engine.proc.pid) - cpu0) / TOKENS  # one prefill step among them
+        many = engine.run(STREAMS, TOKENS)
         engine.close()
     finally:
         os.environ.clear()
         os.environ.update(env)
-    return {"ready": ready, "one": one, "many": many}
+    return {"ready": ready, "one": one, "many": many, "cpu_ms": cpu_ms}
 
 
 def cold_start(model: Path) -> float:
@@ -228,6 +239,7 @@ def measure(model: Path, runs: int, cold: bool) -> dict:
         add("run_l", loop["decode_tps"]), add("rss_l", loop["peak_rss"])
         eng = engine_run(model)
         add("one_c", eng["one"]), add("many_c", eng["many"]), add("ready_c", eng["ready"])
+        add("cpu_c", eng["cpu_ms"])
         one = peer("batch", model, prompts=json.dumps(streams[:1]), tokens=TOKENS, streams=1, ctx=256)
         many = peer("batch", model, prompts=json.dumps(streams), tokens=TOKENS, streams=STREAMS, ctx=256)
         add("one_l", one["decode_tps"]), add("many_l", many["decode_tps"]), add("ready_l", one["ready_s"])
@@ -259,11 +271,16 @@ def rows_of(m: dict, model: Path) -> list[Row]:
 
 
 def step_breakdown(m: dict) -> dict:
-    """The engine's per-token time at one stream against one in-process forward step and sampling."""
+    """The engine's CPU time per token at one stream (its process, from /proc) against one
+    in-process forward step's and greedy sampling's CPU time: CPU time, not wall time, because
+    on a shared machine the load moves wall times between two measurements far more."""
     f = m["forward"]
-    engine_ms = 1e3 / statistics.median(m["raw"]["one_c"])
-    return {"engine_ms": engine_ms, "forward_ms": f["forward_ms"], "sampling_ms": f["sampling_ms"],
-            "rest_ms": engine_ms - f["forward_ms"] - f["sampling_ms"]}
+    engine_ms = statistics.median(m["raw"]["cpu_c"])
+    return {"engine_cpu_ms": engine_ms, "forward_cpu_ms": f["forward_cpu_ms"],
+            "sampling_cpu_ms": f["sampling_cpu_ms"],
+            "rest_cpu_ms": engine_ms - f["forward_cpu_ms"] - f["sampling_cpu_ms"],
+            "engine_wall_ms": 1e3 / statistics.median(m["raw"]["one_c"]), "forward_wall_ms": f["forward_ms"],
+            "sampling_wall_ms": f["sampling_ms"]}
 
 
 def q4km(src: Path) -> Path:
