@@ -210,7 +210,8 @@ def test_known_but_unsupported_type_opens_then_require_supported_raises(tmp_path
     assert g.raw("ffn_down.weight").shape == (2, 66)
     with pytest.raises(GGUFError) as exc:
         g.require_supported("ffn_down.weight")
-    assert str(path) in str(exc.value) and "'ffn_down.weight'" in str(exc.value) and "IQ2_XXS" in str(exc.value)
+    message = str(exc.value)
+    assert str(path) in message and "'ffn_down.weight'" in message and "IQ2_XXS" in message
     with pytest.raises(GGUFError, match="missing"):
         g.require_supported("nope")
 
