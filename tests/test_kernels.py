@@ -67,10 +67,15 @@ def test_qmatmul_paths_agree_and_direct_rows_are_batch_independent(gtype: GGMLTy
     direct = np.empty((17, 300), np.float32)
     qmatmul(x, weight, direct, 17)
     np.testing.assert_allclose(direct, tiled, rtol=1e-4, atol=1e-4)
-    for i in (0, 7, 16):
-        single = np.empty((1, 300), np.float32)
+    assert_direct_rows_alone_equal_batched(x, weight, direct, (0, 7, 16))
+
+
+def assert_direct_rows_alone_equal_batched(x: np.ndarray, weight, batched: np.ndarray, rows) -> None:
+    """Each of ``rows`` of a direct-path product, computed alone, is bitwise its batched result."""
+    for i in rows:
+        single = np.empty((1, batched.shape[1]), np.float32)
         qmatmul(x[i : i + 1].copy(), weight, single, 1)
-        assert np.array_equal(single[0], direct[i])
+        assert np.array_equal(single[0], batched[i])
 
 
 def test_stacked_q4_0_and_q4_1_equals_concatenation():

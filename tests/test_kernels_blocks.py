@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 from ggml_harness import llama_matmul
-from test_kernels import T_ROWS, check_matmul
+from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_matmul
 
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store.blocks import IN_PLACE
@@ -98,10 +98,7 @@ def test_direct_rows_are_batch_independent(gtype: GGMLType):
     x = rng.standard_normal((9, k)).astype(np.float32)
     batched = np.empty((9, 70), np.float32)
     qmatmul(x, weight, batched, 9)
-    for i in (0, 4, 8):
-        single = np.empty((1, 70), np.float32)
-        qmatmul(x[i : i + 1].copy(), weight, single, 1)
-        assert np.array_equal(single[0], batched[i])
+    assert_direct_rows_alone_equal_batched(x, weight, batched, (0, 4, 8))
 
 
 def test_a_stack_mixing_types_is_the_concatenation_and_keeps_the_files_bytes():
