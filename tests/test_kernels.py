@@ -230,14 +230,14 @@ def test_attention_ragged_batch_two_slots_gqa():
     hist_k = {s: rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float32) * 2 for s in (0, 1)}
     hist_v = {s: rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float32) for s in (0, 1)}
 
-    def step(slots: list[int], positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def step(slots: list[int], positions: list[int], n_direct: int = 0) -> tuple[np.ndarray, np.ndarray]:
         sl, ps = np.array(slots, np.int32), np.array(positions, np.int32)
         k = np.stack([hist_k[s][p].reshape(-1) for s, p in zip(slots, positions, strict=True)])
         v = np.stack([hist_v[s][p].reshape(-1) for s, p in zip(slots, positions, strict=True)])
         store_kv(k, v, k_cache, v_cache, layer, sl, ps, n_kv, head_dim)
         q = rng.standard_normal((len(slots), n_heads * head_dim)).astype(np.float32)
         out = np.full_like(q, np.nan)
-        attend(q, k_cache, v_cache, layer, sl, ps, n_heads, n_kv, head_dim, out)
+        attend(q, k_cache, v_cache, layer, sl, ps, n_heads, n_kv, head_dim, n_direct, out)
         return q, out
 
     step([1] * 7, list(range(7)))  # slot 1 already holds 7 positions
@@ -252,3 +252,16 @@ def test_attention_ragged_batch_two_slots_gqa():
     assert np.array_equal(k_cache[1, layer, :9], hist_k[1][:9])
     assert np.array_equal(v_cache[0, layer, :5], hist_v[0][:5])
     assert not k_cache[:, 0].any() and not k_cache[0, layer, 5:].any() and not v_cache[1, layer, 9:].any()
+
+    # decode rows of both slots first, then a prompt run of slot 0: each decode row is bitwise what
+    # it is alone, and every row matches the reference
+    slots, positions = [1, 0, 0, 0, 0], [9, 5, 6, 7, 8]
+    q, out = step(slots, positions, n_direct=2)
+    for t, (s, p) in enumerate(zip(slots, positions, strict=True)):
+        ref = attention_reference(q[t], hist_k[s][: p + 1], hist_v[s][: p + 1], n_heads, n_kv, head_dim)
+        np.testing.assert_allclose(out[t], ref, rtol=1e-4, atol=1e-5)
+    for t in range(2):
+        alone = np.full_like(q[t : t + 1], np.nan)
+        row_slot, row_pos = np.array(slots[t : t + 1]), np.array(positions[t : t + 1])
+        attend(q[t : t + 1], k_cache, v_cache, layer, row_slot, row_pos, n_heads, n_kv, head_dim, 1, alone)
+        assert np.array_equal(alone[0], out[t])

@@ -213,6 +213,16 @@ class GGUFFile:
         if end > aligned:
             self._map.madvise(mmap.MADV_WILLNEED, aligned, end - aligned)
 
+    def release(self, name: str) -> None:
+        """Drop this mapping's hold on the pages wholly inside tensor ``name`` once a copy of it is
+        all that is read (a packed matrix): they leave this process's RSS and stay in the page
+        cache, so that a model costs its packed copy, not that and the file."""
+        info = self.tensors[name]
+        start = -(-info.offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (info.offset + info.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start:
+            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def advise_dontneed(self) -> None:
         """Drop this file's pages from the page cache (benchmarks start from a cold disk): first this
         mapping's hold on them, then the cache (the kernel keeps pages any mapping still holds)."""

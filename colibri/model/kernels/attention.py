@@ -29,39 +29,79 @@ def store_kv(
                 v_cache[s, layer, p, h, d] = v[t, h * head_dim + d]
 
 
+@nb.njit(**_JIT)
+def _softmax_rows(scores: np.ndarray, scale: np.float32, last: np.ndarray) -> None:
+    """Each row i of ``scores`` scaled, then softmax over its positions ``0..last[i]``; the rest 0."""
+    for i in range(scores.shape[0]):
+        row, n = scores[i], last[i] + 1
+        best = np.float32(-np.inf)
+        for p in range(n):
+            row[p] *= scale
+            best = max(best, row[p])
+        total = np.float32(0.0)
+        for p in range(n):
+            e = np.exp(row[p] - best)
+            row[p] = e
+            total += e
+        for p in range(n):
+            row[p] /= total
+        row[n:] = 0.0
+
+
+@nb.njit(**_JIT)
+def _attend_group(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int, s: int,
+                  n: int, kh: int, group: int, head_dim: int, out: np.ndarray) -> None:
+    """One decode row's query heads that share kv head kh, as the rows of two BLAS products: the
+    keys and values are read once for the group."""
+    keys = np.ascontiguousarray(k_cache[s, layer, :n, kh])
+    values = np.ascontiguousarray(v_cache[s, layer, :n, kh])
+    span = slice(kh * group * head_dim, (kh + 1) * group * head_dim)
+    scores = np.dot(np.ascontiguousarray(q[span]).reshape(group, head_dim), keys.T)
+    _softmax_rows(scores, np.float32(1.0 / np.sqrt(head_dim)), np.full(group, n - 1, np.int64))
+    out[span] = np.dot(scores, values).reshape(-1)
+
+
+@nb.njit(**_JIT)
+def _attend_run(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int, s: int,
+                positions: np.ndarray, h: int, kh: int, head_dim: int, out: np.ndarray) -> None:
+    """Query head h of a run of prompt rows of slot s (``positions`` theirs): two BLAS products,
+    ``softmax(Q Kᵀ) V`` over the run's keys, each row masked to its own position."""
+    n = 0
+    for p in positions:
+        n = max(n, p + 1)
+    keys = np.ascontiguousarray(k_cache[s, layer, :n, kh])
+    values = np.ascontiguousarray(v_cache[s, layer, :n, kh])
+    qh = np.ascontiguousarray(q[:, h * head_dim : (h + 1) * head_dim])
+    scores = np.dot(qh, keys.T)
+    _softmax_rows(scores, np.float32(1.0 / np.sqrt(head_dim)), positions)
+    out[:, h * head_dim : (h + 1) * head_dim] = np.dot(scores, values)
+
+
 @nb.njit(parallel=True, **_JIT)
 def attend(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int,
     slots: np.ndarray, positions: np.ndarray, n_heads: int, n_kv: int, head_dim: int,
-    out: np.ndarray,
+    n_direct: int, out: np.ndarray,
 ) -> None:
-    """``out[t, head] = softmax(q·K / sqrt(d)) · V`` over the row's slot, causally."""
-    t_rows = q.shape[0]
+    """``out[t, head] = softmax(q·K / sqrt(d)) · V`` over the row's slot, causally.
+
+    Decode rows (``[0, n_direct)``) each take their own loops, per kv head. The prompt rows
+    that follow come as runs of one slot each (a prefill chunk): per run and query head, the
+    scores of all its rows are one matrix product, and so is their sum of values."""
     group = n_heads // n_kv
-    scale = np.float32(1.0 / np.sqrt(head_dim))
-    for th in nb.prange(t_rows * n_heads):
-        t = th // n_heads
-        h = th % n_heads
-        kh = h // group
-        s, n = slots[t], positions[t] + 1
-        qo = h * head_dim
-        scores = np.empty(n, dtype=np.float32)
-        best = np.float32(-np.inf)
-        for p in range(n):
-            acc = np.float32(0.0)
-            for d in range(head_dim):
-                acc += q[t, qo + d] * k_cache[s, layer, p, kh, d]
-            acc *= scale
-            scores[p] = acc
-            best = max(best, acc)
-        total = np.float32(0.0)
-        for p in range(n):
-            e = np.exp(scores[p] - best)
-            scores[p] = e
-            total += e
-        for d in range(head_dim):
-            out[t, qo + d] = 0.0
-        for p in range(n):
-            wgt = scores[p] / total
-            for d in range(head_dim):
-                out[t, qo + d] += wgt * v_cache[s, layer, p, kh, d]
+    for item in nb.prange(n_direct * n_kv):  # a decode row: the same shapes whatever the batch
+        t, kh = item // n_kv, item % n_kv
+        _attend_group(q[t], k_cache, v_cache, layer, slots[t], positions[t] + 1, kh, group,
+                      head_dim, out[t])
+    starts = np.empty(q.shape[0] - n_direct + 1, np.int64)  # runs of prompt rows of one slot
+    n_runs = 0
+    for t in range(n_direct, q.shape[0]):
+        if t == n_direct or slots[t] != slots[t - 1]:
+            starts[n_runs] = t
+            n_runs += 1
+    starts[n_runs] = q.shape[0]
+    for item in nb.prange(n_runs * n_heads):
+        r, h = item // n_heads, item % n_heads
+        t0, t1 = starts[r], starts[r + 1]
+        _attend_run(q[t0:t1], k_cache, v_cache, layer, slots[t0], positions[t0:t1], h, h // group,
+                    head_dim, out[t0:t1])

@@ -88,7 +88,8 @@ def attention(
     rope(k, positions, sh.n_kv, sh.head_dim, inv_freq, sh.neox)
     store_kv(k, v, k_cache, v_cache, layer, slots, positions, sh.n_kv, sh.head_dim)
     attn = np.empty((t_rows, q_dim), np.float32)
-    attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, sh.head_dim, attn)
+    attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, sh.head_dim, n_direct,
+           attn)
     qmatmul(attn, a.wo, h, n_direct)
     add_into(x, h)
 

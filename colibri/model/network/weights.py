@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from colibri.store.gguf import GGUFError, GGUFFile
-from colibri.store.packed import Weight, dequantize_row, make_weight
+from colibri.store.packed import KIND_BLOCKS, Weight, dequantize_row, make_weight
 
 _EMPTY = np.zeros(0, np.float32)
 
@@ -15,7 +15,11 @@ def load_weight(gguf: GGUFFile, *names: str) -> Weight:
     """One matrix from one or more tensors of the same row length, stacked by rows."""
     infos = [gguf.require_supported(n) for n in names]
     parts = [(gguf.raw(n), int(i.gtype)) for n, i in zip(names, infos, strict=True)]
-    return make_weight(parts, infos[0].shape[0])
+    weight = make_weight(parts, infos[0].shape[0])
+    if weight.kind != KIND_BLOCKS:  # packed: the file's pages are not read again
+        for name in names:
+            gguf.release(name)
+    return weight
 
 
 def load_vector(gguf: GGUFFile, name: str) -> np.ndarray:
