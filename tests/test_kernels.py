@@ -101,16 +101,21 @@ def test_packed_nbytes_is_what_make_weight_allocates(types: tuple[str, ...]):
     assert packed_nbytes([(raw.shape[0], t) for raw, t in parts], 64) == allocated
 
 
-def test_mixed_q8_and_q4_stack_widens_to_float32():
+def test_mixed_q8_and_q4_stack_packs_to_q8_lanes_or_widens_to_float32():
+    """Q4_1 rows re-expressed as Q8 lanes (``lanes.py``); without lanes, the whole stack is float."""
     rng = np.random.default_rng(7)
     raw0, w0 = quantized(rng, 20, 64, GGMLType.Q8_0)
     raw1, w1 = quantized(rng, 33, 64, GGMLType.Q4_1)
-    weight = make_weight([(raw0, int(GGMLType.Q8_0)), (raw1, int(GGMLType.Q4_1))], 64)
-    assert weight.kind == KIND_F32 and weight.f.shape == (53, 64)
+    parts = [(raw0, int(GGMLType.Q8_0)), (raw1, int(GGMLType.Q4_1))]
     ref = np.concatenate([w0, w1])
-    np.testing.assert_allclose(weight.f, ref, rtol=1e-6, atol=1e-6)
-    for t in (1, 17):
-        check_matmul(rng.standard_normal((t, 64)).astype(np.float32), weight, ref)
+    floats = make_weight(parts, 64, lanes=False)
+    assert floats.kind == KIND_F32 and floats.f.shape == (53, 64)
+    np.testing.assert_allclose(floats.f, ref, rtol=1e-6, atol=1e-6)
+    packed = make_weight(parts, 64)
+    assert packed.kind == KIND_Q8 and packed.f.size == 0
+    for weight in (floats, packed):
+        for t in (1, 17):
+            check_matmul(rng.standard_normal((t, 64)).astype(np.float32), weight, ref)
 
 
 @pytest.mark.parametrize("gtype", TYPES, ids=lambda t: t.name)

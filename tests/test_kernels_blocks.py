@@ -15,7 +15,8 @@ from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_m
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store.blocks import IN_PLACE
 from colibri.store.formats import FORMATS, GGMLType, dequantize
-from colibri.store.packed import KIND_BLOCKS, dequantize_row, make_weight, packed_nbytes
+from colibri.store.lanes import FOUR_BIT, LANE_TYPES
+from colibri.store.packed import KIND_BLOCKS, KIND_Q4, KIND_Q8, dequantize_row, make_weight, packed_nbytes
 
 # llama.cpp rounds each activation to 8 bits in blocks of 32 (Q8_0, Q8_1) or 256 (Q8_K): at most
 # half a step, amax / 127 / 2, per value; plus float32 rounding of the sums.
@@ -75,26 +76,42 @@ def test_decoder_equals_ggufs_dequantizer(gtype: GGMLType):
                                rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("gtype", TYPES, ids=lambda t: t.name)
+# Every format in place, and packed into lanes where it fits (not Q2_K, Q3_K, Q6_K: per-16 scales).
+PATHS = [(t, False) for t in TYPES] + [(t, True) for t in TYPES if t in LANE_TYPES]
+PATH_IDS = [f"{t.name}-{'lanes' if lanes else 'in_place'}" for t, lanes in PATHS]
+
+
+def expected_kind(gtype: GGMLType, lanes: bool) -> int:
+    """In place, or (``lanes``, for the formats scaled per 32 values) packed into Q4 or Q8 lanes."""
+    if not lanes or gtype not in LANE_TYPES:
+        return KIND_BLOCKS
+    return KIND_Q4 if gtype in FOUR_BIT else KIND_Q8
+
+
+@pytest.mark.parametrize("gtype,lanes", PATHS, ids=PATH_IDS)
 @pytest.mark.parametrize("n,blocks", [(16, 1), (40, 3), (300, 2), (33, 6)])
-def test_qmatmul_matches_the_dequantized_product_and_llama_cpp(gtype: GGMLType, n: int, blocks: int):
+def test_qmatmul_matches_the_dequantized_product_and_llama_cpp(gtype: GGMLType, n: int, blocks: int,
+                                                               lanes: bool):
     rng = np.random.default_rng(n * 100 + blocks + int(gtype))
     k = width(gtype, blocks)
     raw, ref_w = random_rows(rng, n, k, gtype)
-    weight = make_weight([(raw, int(gtype))], k)
-    assert weight.kind == KIND_BLOCKS and weight.n_rows == n
+    weight = make_weight([(raw, int(gtype))], k, lanes=lanes)
+    assert weight.kind == expected_kind(gtype, lanes) and weight.n_rows == n
+    assert packed_nbytes([(n, int(gtype))], k, lanes=lanes) == (
+        weight.q.nbytes + weight.d.nbytes + weight.m.nbytes + weight.raw.nbytes + weight.parts.nbytes)
     for t in T_ROWS:
         check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref_w)
     check_against_llama(rng.standard_normal((3, k)).astype(np.float32), [(raw, int(gtype))], ref_w)
 
 
-@pytest.mark.parametrize("gtype", TYPES, ids=lambda t: t.name)
-def test_direct_rows_are_batch_independent(gtype: GGMLType):
+@pytest.mark.parametrize("gtype,lanes", PATHS, ids=PATH_IDS)
+def test_direct_rows_are_batch_independent(gtype: GGMLType, lanes: bool):
     """A decode row's result is bitwise the same alone or batched, on both sides of a group edge."""
     rng = np.random.default_rng(50 + int(gtype))
     k = width(gtype, 2)
     raw, _ = random_rows(rng, 70, k, gtype)
-    weight = make_weight([(raw, int(gtype))], k)
+    weight = make_weight([(raw, int(gtype))], k, lanes=lanes)
+    assert weight.kind == expected_kind(gtype, lanes)
     x = rng.standard_normal((9, k)).astype(np.float32)
     batched = np.empty((9, 70), np.float32)
     qmatmul(x, weight, batched, 9)
@@ -124,8 +141,41 @@ def test_a_stack_mixing_types_is_the_concatenation_and_keeps_the_files_bytes():
 
 
 def test_one_part_is_a_view_of_the_file_unless_copied():
-    """Dense weights compute on the mmap itself; the expert store's resident tier owns a copy."""
+    """In place, a weight computes on the mmap itself; the expert store's resident tier owns a copy."""
+    raw, _ = random_rows(np.random.default_rng(3), 8, 256, GGMLType.Q6_K)
+    raw.setflags(write=False)
+    assert np.shares_memory(make_weight([(raw, int(GGMLType.Q6_K))], 256).raw, raw)
+    assert not np.shares_memory(make_weight([(raw, int(GGMLType.Q6_K))], 256, copy=True).raw, raw)
     raw, _ = random_rows(np.random.default_rng(3), 8, 256, GGMLType.Q4_K)
     raw.setflags(write=False)
-    assert np.shares_memory(make_weight([(raw, int(GGMLType.Q4_K))], 256).raw, raw)
-    assert not np.shares_memory(make_weight([(raw, int(GGMLType.Q4_K))], 256, copy=True).raw, raw)
+    assert np.shares_memory(make_weight([(raw, int(GGMLType.Q4_K))], 256, lanes=False).raw, raw)
+
+
+@pytest.mark.parametrize("types,kind", [
+    ((GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.IQ4_XS), KIND_Q8),
+    ((GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q4_1), KIND_Q4),
+    ((GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.IQ4_NL), KIND_Q8),
+], ids=["q5_q8_q4k_iq4xs", "q4_q4k", "q4_q5_q5k_iq4nl"])
+def test_a_stack_of_lane_formats_packs_to_one_kind_and_is_the_concatenation(types: tuple, kind: int):
+    """q, k and v of a ``_K_M`` file whose parts all scale per 32 values: one packed matmul."""
+    rng = np.random.default_rng(11)
+    k = 512
+    parts, refs = [], []
+    for i, gtype in enumerate(types):
+        if gtype in HALVES:
+            raw, ref = random_rows(rng, 20 + 7 * i, k, gtype)
+        else:  # the packed formats: through gguf's quantizer
+            x = rng.standard_normal((20 + 7 * i, k)).astype(np.float32)
+            raw = gguf.quants.quantize(x, gguf.GGMLQuantizationType(int(gtype)))
+            ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(int(gtype)))
+        parts.append((raw, int(gtype)))
+        refs.append(ref.astype(np.float32))
+    weight = make_weight(parts, k)
+    assert weight.kind == kind and weight.n_rows == sum(r.shape[0] for r in refs)
+    ref = np.concatenate(refs)
+    for t in T_ROWS:
+        check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref)
+    x = rng.standard_normal((9, k)).astype(np.float32)
+    batched = np.empty((9, weight.n_rows), np.float32)
+    qmatmul(x, weight, batched, 9)
+    assert_direct_rows_alone_equal_batched(x, weight, batched, (0, 4, 8))

@@ -260,16 +260,20 @@ class ExpertStore:
         """An expert's packed size, from the shapes alone (nothing read from the file)."""
         infos = [self.gguf.tensors[name] for name in self._tensors[layer]]
         rows = [(info.shape[1], int(info.gtype)) for info in infos]
-        return packed_nbytes(rows[:2], infos[0].shape[0]) + packed_nbytes(rows[2:], infos[2].shape[0])
+        return (packed_nbytes(rows[:2], infos[0].shape[0], lanes=False)
+                + packed_nbytes(rows[2:], infos[2].shape[0], lanes=False))
 
     def _pack(self, layer: int, expert: int) -> ExpertWeights:
         if not 0 <= expert < self.n_experts or layer not in self._tensors:
             raise KeyError(f"no expert {expert} in layer {layer}")
         gate, up, down = self._tensors[layer]
         parts = [self._slice(name, expert) for name in (gate, up)]
+        # In-place formats stay in place (lanes=False): a resident expert costs its file bytes, and
+        # a miss one copy of them, not a repacking pass.
         return ExpertWeights(
-            gate_up=make_weight(parts, self.gguf.tensors[gate].shape[0], copy=True),
-            down=make_weight([self._slice(down, expert)], self.gguf.tensors[down].shape[0], copy=True),
+            gate_up=make_weight(parts, self.gguf.tensors[gate].shape[0], copy=True, lanes=False),
+            down=make_weight([self._slice(down, expert)], self.gguf.tensors[down].shape[0], copy=True,
+                             lanes=False),
         )
 
     def _slice(self, name: str, expert: int) -> tuple[np.ndarray, int]:

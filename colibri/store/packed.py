@@ -28,6 +28,7 @@ import numpy as np
 
 from colibri.store.blocks import F16_TABLE, JIT_OPTIONS, decode_row, half  # noqa: F401 (re-exported)
 from colibri.store.formats import BLOCK, FORMATS, GGMLType, Kind, computed_format, row_nbytes
+from colibri.store.lanes import FOUR_BIT, LANE_TYPES, lane_row
 
 # Rows interleaved by packing: the SIMD lanes of the direct path. 32, not 16 (one AVX-512
 # vector): LLVM leaves the 16-trip lane loops scalar and vectorizes the 32-trip ones.
@@ -85,20 +86,24 @@ _EMPTY_RAW = np.zeros(0, np.uint8)
 _EMPTY_RAW.setflags(write=False)
 
 
-def packed_kind(types: list[int]) -> int:
-    """The kind a stack of tensors computes as: their common packed kind (Q4 or Q8); the file's
-    blocks in place when any part is of an in-place format (any mix, row by row); else float32. An
-    unknown type raises."""
+def packed_kind(types: list[int], lanes: bool = True) -> int:
+    """The kind a stack of tensors computes as: their common packed kind (Q4 or Q8); with
+    ``lanes``, Q4 or Q8 too for the in-place formats whose scales are per 32 values (``lanes.py``:
+    Q4 when every part is 4-bit); else the file's blocks in place when any part is of an in-place
+    format (any mix, row by row); else float32. An unknown type raises."""
     kinds = {int(computed_format(t).kind) for t in types}
     if len(kinds) == 1 and kinds <= {KIND_Q4, KIND_Q8}:
         return kinds.pop()
+    if lanes and KIND_F32 not in kinds and all(GGMLType(t) in LANE_TYPES or
+                                               int(computed_format(t).kind) != KIND_BLOCKS for t in types):
+        return KIND_Q4 if all(GGMLType(t) in FOUR_BIT for t in types) else KIND_Q8
     return KIND_BLOCKS if KIND_BLOCKS in kinds else KIND_F32
 
 
-def packed_nbytes(parts: list[tuple[int, int]], n_cols: int) -> int:
+def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True) -> int:
     """Bytes ``make_weight`` will allocate for parts of (rows, block type), without reading them:
     the expert store budgets experts it has not packed yet."""
-    kind, n_rows = packed_kind([t for _, t in parts]), sum(rows for rows, _ in parts)
+    kind, n_rows = packed_kind([t for _, t in parts], lanes), sum(rows for rows, _ in parts)
     if kind == KIND_F32:
         return n_rows * n_cols * 4
     if kind == KIND_BLOCKS:  # the file's bytes, and a line of the part table per part
@@ -107,12 +112,14 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int) -> int:
     return -(-n_rows // GROUP) * GROUP * (n_cols // BLOCK) * (per + 8)
 
 
-def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = False) -> Weight:
+def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = False,
+                lanes: bool = True) -> Weight:
     """One matrix from the raw GGUF rows of one or more tensors stacked by rows (q, k and v
-    become one matmul). Parts of one packed kind pack to it; parts of an in-place format keep their
-    bytes (a view of the file when there is one part and not ``copy``: the expert store copies, so
-    that its resident tier owns its bytes); anything else is widened to float32."""
-    kind, n_rows = packed_kind([t for _, t in parts]), sum(raw.shape[0] for raw, _ in parts)
+    become one matmul). Parts of one packed kind pack to it, and so (``lanes``) do the in-place
+    formats that fit (``packed_kind``); other parts of an in-place format keep their bytes (a view
+    of the file when there is one part and not ``copy``: the expert store copies, so that its
+    resident tier owns its bytes); anything else is widened to float32."""
+    kind, n_rows = packed_kind([t for _, t in parts], lanes), sum(raw.shape[0] for raw, _ in parts)
     if kind == KIND_BLOCKS:
         return _blocks_weight(parts, n_rows, copy)
     if kind != KIND_F32:
@@ -124,8 +131,11 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
         for raw, t in parts:
             fmt = FORMATS[GGMLType(t)]
             layout = fmt.pack
-            _pack_rows(raw, fmt.nbytes, layout.quants_at, layout.min_at, layout.offset_scale,
-                       np.uint8(layout.flip), row, q, d, m)
+            if fmt.kind == kind:  # the format's own kind: its bytes are copied as they are
+                _pack_rows(raw, fmt.nbytes, layout.quants_at, layout.min_at, layout.offset_scale,
+                           np.uint8(layout.flip), row, q, d, m)
+            else:
+                _pack_lanes(raw, t, n_cols, row, q, d, m)
             row += raw.shape[0]
         return Weight(kind, n_rows, q, d, m, _EMPTY_F, _EMPTY_RAW, _EMPTY_PARTS)
     f = np.empty((n_rows, n_cols), np.float32)
@@ -192,6 +202,29 @@ def _pack_rows(raw: np.ndarray, size: int, quants_at: int, min_at: int, offset_s
             qs = q[g, b]
             for j in range(q.shape[2]):
                 qs[j, lane] = row[base + quants_at + j] ^ flip
+
+
+@nb.njit(**JIT_OPTIONS)
+def _pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarray, d: np.ndarray,
+                m: np.ndarray) -> None:
+    """Raw rows of a format that fits the layout but is not its kind's own (``lanes.py``) into
+    rows ``row0..``: Q4 takes two 4-bit quants a byte (j and j + 16), Q8 one."""
+    qs = np.empty(n_cols, np.uint8)
+    ds = np.empty(n_cols // BLOCK, np.float32)
+    ms = np.empty(n_cols // BLOCK, np.float32)
+    four_bit = q.shape[2] == Q4_BYTES
+    for r in range(raw.shape[0]):
+        g, lane = divmod(row0 + r, GROUP)
+        lane_row(raw[r], gtype, qs, ds, ms)
+        for b in range(q.shape[1]):
+            d[g, b, lane], m[g, b, lane] = ds[b], ms[b]
+            at = b * BLOCK
+            if four_bit:
+                for j in range(Q4_BYTES):
+                    q[g, b, j, lane] = qs[at + j] | (qs[at + Q4_BYTES + j] << np.uint8(4))
+            else:
+                for j in range(Q8_BYTES):
+                    q[g, b, j, lane] = qs[at + j]
 
 
 @nb.njit(**JIT_OPTIONS)
