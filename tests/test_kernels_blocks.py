@@ -15,7 +15,7 @@ from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_m
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store.blocks import IN_PLACE
 from colibri.store.formats import FORMATS, GGMLType, dequantize
-from colibri.store.lanes import FOUR_BIT, LANE_TYPES
+from colibri.store.lanes import FOUR_BIT
 from colibri.store.packed import KIND_BLOCKS, KIND_Q4, KIND_Q8, dequantize_row, make_weight, packed_nbytes
 
 # llama.cpp rounds each activation to 8 bits in blocks of 32 (Q8_0, Q8_1) or 256 (Q8_K): at most
@@ -76,14 +76,14 @@ def test_decoder_equals_ggufs_dequantizer(gtype: GGMLType):
                                rtol=1e-6, atol=1e-7)
 
 
-# Every format in place, and packed into lanes where it fits (not Q2_K, Q3_K, Q6_K: per-16 scales).
-PATHS = [(t, False) for t in TYPES] + [(t, True) for t in TYPES if t in LANE_TYPES]
+# Every format in place, and packed into lanes.
+PATHS = [(t, False) for t in TYPES] + [(t, True) for t in TYPES]
 PATH_IDS = [f"{t.name}-{'lanes' if lanes else 'in_place'}" for t, lanes in PATHS]
 
 
 def expected_kind(gtype: GGMLType, lanes: bool) -> int:
-    """In place, or (``lanes``, for the formats scaled per 32 values) packed into Q4 or Q8 lanes."""
-    if not lanes or gtype not in LANE_TYPES:
+    """In place, or (``lanes``) packed into Q4 or Q8 lanes."""
+    if not lanes:
         return KIND_BLOCKS
     return KIND_Q4 if gtype in FOUR_BIT else KIND_Q8
 
@@ -118,8 +118,10 @@ def test_direct_rows_are_batch_independent(gtype: GGMLType, lanes: bool):
     assert_direct_rows_alone_equal_batched(x, weight, batched, (0, 4, 8))
 
 
-def test_a_stack_mixing_types_is_the_concatenation_and_keeps_the_files_bytes():
-    """q, k and v of a ``_K_M`` file: Q5_0, Q8_0 and Q6_K rows in one matmul, no widening."""
+@pytest.mark.parametrize("lanes", [False, True], ids=["in_place", "lanes"])
+def test_a_stack_mixing_types_is_the_concatenation_and_keeps_the_files_bytes(lanes: bool):
+    """q, k and v of a ``_K_M`` file: Q5_0, Q8_0 and Q6_K rows in one matmul, no widening: in place
+    the file's bytes, in lanes one Q8 packing of 16-value blocks."""
     rng = np.random.default_rng(7)
     k = 512
     raw0, w0 = random_rows(rng, 40, k, GGMLType.Q5_0)
@@ -128,12 +130,15 @@ def test_a_stack_mixing_types_is_the_concatenation_and_keeps_the_files_bytes():
     raw1 = gguf.quants.quantize(x8, gguf.GGMLQuantizationType.Q8_0)
     w1 = gguf.quants.dequantize(raw1, gguf.GGMLQuantizationType.Q8_0)
     parts = [(raw0, int(GGMLType.Q5_0)), (raw1, int(GGMLType.Q8_0)), (raw2, int(GGMLType.Q6_K))]
-    weight = make_weight(parts, k)
-    assert weight.kind == KIND_BLOCKS and weight.n_rows == 72
-    assert weight.raw.nbytes == raw0.nbytes + raw1.nbytes + raw2.nbytes
-    assert weight.f.size == weight.q.size == 0
-    assert packed_nbytes([(p.shape[0], t) for p, t in parts], k) == (
-        weight.raw.nbytes + weight.parts.nbytes)
+    weight = make_weight(parts, k, lanes=lanes)
+    assert weight.n_rows == 72 and weight.f.size == 0
+    if lanes:
+        assert weight.kind == KIND_Q8 and weight.q.shape[1:3] == (k // 16, 16)
+    else:
+        assert weight.kind == KIND_BLOCKS and weight.q.size == 0
+        assert weight.raw.nbytes == raw0.nbytes + raw1.nbytes + raw2.nbytes
+    assert packed_nbytes([(p.shape[0], t) for p, t in parts], k, lanes=lanes) == (
+        weight.q.nbytes + weight.d.nbytes + weight.m.nbytes + weight.raw.nbytes + weight.parts.nbytes)
     ref = np.concatenate([w0, w1, w2])
     for t in T_ROWS:
         check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref)
@@ -144,18 +149,17 @@ def test_one_part_is_a_view_of_the_file_unless_copied():
     """In place, a weight computes on the mmap itself; the expert store's resident tier owns a copy."""
     raw, _ = random_rows(np.random.default_rng(3), 8, 256, GGMLType.Q6_K)
     raw.setflags(write=False)
-    assert np.shares_memory(make_weight([(raw, int(GGMLType.Q6_K))], 256).raw, raw)
-    assert not np.shares_memory(make_weight([(raw, int(GGMLType.Q6_K))], 256, copy=True).raw, raw)
-    raw, _ = random_rows(np.random.default_rng(3), 8, 256, GGMLType.Q4_K)
-    raw.setflags(write=False)
-    assert np.shares_memory(make_weight([(raw, int(GGMLType.Q4_K))], 256, lanes=False).raw, raw)
+    assert np.shares_memory(make_weight([(raw, int(GGMLType.Q6_K))], 256, lanes=False).raw, raw)
+    assert not np.shares_memory(make_weight([(raw, int(GGMLType.Q6_K))], 256, copy=True, lanes=False).raw,
+                                raw)
 
 
 @pytest.mark.parametrize("types,kind", [
     ((GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.Q4_K, GGMLType.IQ4_XS), KIND_Q8),
     ((GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q4_1), KIND_Q4),
     ((GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.IQ4_NL), KIND_Q8),
-], ids=["q5_q8_q4k_iq4xs", "q4_q4k", "q4_q5_q5k_iq4nl"])
+    ((GGMLType.Q2_K, GGMLType.Q4_0, GGMLType.Q3_K, GGMLType.Q8_0, GGMLType.Q6_K, GGMLType.Q5_K), KIND_Q8),
+], ids=["q5_q8_q4k_iq4xs", "q4_q4k", "q4_q5_q5k_iq4nl", "per16_with_per32"])
 def test_a_stack_of_lane_formats_packs_to_one_kind_and_is_the_concatenation(types: tuple, kind: int):
     """q, k and v of a ``_K_M`` file whose parts all scale per 32 values: one packed matmul."""
     rng = np.random.default_rng(11)

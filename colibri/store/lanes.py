@@ -5,7 +5,9 @@ offset m per 32-value block; its direct path is 5-20x faster than decoding the f
 float on every step (docs/performance.md). Every format whose scales are per 32 values fits it
 exactly: Q5_0/Q5_1 (5-bit quants), Q4_K/Q5_K (a super-block's 6-bit scale and min per 32 values,
 multiplied out: d' = d * sc, m' = -dmin * mn), and IQ4_NL/IQ4_XS (the grid's value plus 128, and
-m = -128 d). Q2_K, Q3_K and Q6_K scale every 16 values and stay in place.
+m = -128 d). Q2_K, Q3_K and Q6_K scale every 16 values: they pack into Q8 with 16-value blocks
+(``lane_row16``; a stack mixing them with the others takes 16-value blocks throughout, a 32-value
+block's scale written twice).
 
 ``lane_row`` turns one raw row into quants, scales and offsets, with the decoders' arithmetic
 (``blocks.py``), so that ``d * q + m`` is the decoded value to float32 rounding. Q4_0, Q4_1 and
@@ -21,17 +23,24 @@ from colibri.store.blocks import (
     IQ4_NL_SIZE,
     IQ4_XS_SIZE,
     JIT_OPTIONS,
+    Q2_K_SIZE,
+    Q3_K_SIZE,
     Q4_K_SIZE,
     Q5_0_SIZE,
     Q5_1_SIZE,
     Q5_K_SIZE,
+    Q6_K_SIZE,
     QK_K,
     T_IQ4_NL,
     T_IQ4_XS,
+    T_Q2_K,
+    T_Q3_K,
     T_Q4_K,
     T_Q5_0,
     T_Q5_1,
     T_Q5_K,
+    T_Q6_K,
+    _q3_k_scale,
     _scale_min_k4,
     _u32,
     half,
@@ -46,9 +55,12 @@ IQ4_GRID_U8 = (np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38
 
 # The in-place formats that pack into lanes, and those of them whose quants are 4-bit (they pack
 # into Q4's nibbles; any other packs into Q8's bytes).
+SIXTEEN = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q6_K})  # scaled per 16 values
 LANE_TYPES = frozenset({GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.IQ4_NL,
-                        GGMLType.IQ4_XS})
+                        GGMLType.IQ4_XS}) | SIXTEEN
 FOUR_BIT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K})
+# Values per block of a 16-value packing.
+HALF_BLOCK = BLOCK // 2
 
 
 @nb.njit(**JIT_OPTIONS)
@@ -136,6 +148,88 @@ def lane_row(w: np.ndarray, gtype: int, q: np.ndarray, d: np.ndarray, m: np.ndar
         _q45_k(w, q, d, m, Q4_K_SIZE if gtype == T_Q4_K else Q5_K_SIZE, gtype == T_Q5_K)
     elif gtype == T_IQ4_NL or gtype == T_IQ4_XS:
         _iq4(w, q, d, m, gtype == T_IQ4_XS)
+    else:
+        return False
+    return True
+
+
+@nb.njit(**JIT_OPTIONS)
+def _q2_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
+    """Q2_K: 2-bit quants, a 4-bit scale and min per 16 values (``blocks._q2_k``'s order)."""
+    for b in range(q.shape[0] // QK_K):
+        base = b * Q2_K_SIZE
+        dd, dmin = half(w[base + 80], w[base + 81]), half(w[base + 82], w[base + 83])
+        y, s = b * QK_K, base
+        for n in range(2):
+            qs = base + 16 + 32 * n
+            for shift in range(0, 8, 2):
+                for half_ in range(2):
+                    sc = np.int64(w[s])
+                    s += 1
+                    d[y // HALF_BLOCK] = dd * np.float32(sc & 0xF)
+                    m[y // HALF_BLOCK] = -(dmin * np.float32(sc >> 4))
+                    for i in range(16):
+                        q[y] = (np.int64(w[qs + 16 * half_ + i]) >> shift) & 3
+                        y += 1
+
+
+@nb.njit(**JIT_OPTIONS)
+def _q3_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
+    """Q3_K: value = dl * (lo - hi), hi 4 where the hmask bit is clear: q = lo - hi + 4, m = -4 dl."""
+    for b in range(q.shape[0] // QK_K):
+        base = b * Q3_K_SIZE
+        dd = half(w[base + 108], w[base + 109])
+        y, j, bit = b * QK_K, 0, 1
+        for n in range(2):
+            qs = base + 32 + 32 * n
+            for shift in range(0, 8, 2):
+                for half_ in range(2):
+                    dl = dd * np.float32(_q3_k_scale(w, base + 96, j))
+                    j += 1
+                    d[y // HALF_BLOCK], m[y // HALF_BLOCK] = dl, np.float32(-4.0) * dl
+                    for i in range(16):
+                        lo = (np.int64(w[qs + 16 * half_ + i]) >> shift) & 3
+                        q[y] = lo + (4 if np.int64(w[base + 16 * half_ + i]) & bit else 0)
+                        y += 1
+                bit <<= 1
+
+
+@nb.njit(**JIT_OPTIONS)
+def _q6_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
+    """Q6_K: value = d * sc * (q - 32), an int8 scale per 16 values: d' = d * sc, m = -32 d'."""
+    for b in range(q.shape[0] // QK_K):
+        base = b * Q6_K_SIZE
+        dd = half(w[base + 208], w[base + 209])
+        for sub in range(QK_K // HALF_BLOCK):
+            sc = np.int64(w[base + 192 + sub])
+            sc = sc - 256 if sc >= 128 else sc
+            at = b * (QK_K // HALF_BLOCK) + sub
+            d[at] = dd * np.float32(sc)
+            m[at] = np.float32(-32.0) * d[at]
+        for n in range(2):
+            ql, qh, y = base + 64 * n, base + 128 + 32 * n, b * QK_K + 128 * n
+            for i in range(32):
+                lo0, lo1, h = np.int64(w[ql + i]), np.int64(w[ql + i + 32]), np.int64(w[qh + i])
+                q[y + i] = (lo0 & 0xF) | ((h & 3) << 4)
+                q[y + i + 32] = (lo1 & 0xF) | (((h >> 2) & 3) << 4)
+                q[y + i + 64] = (lo0 >> 4) | (((h >> 4) & 3) << 4)
+                q[y + i + 96] = (lo1 >> 4) | (((h >> 6) & 3) << 4)
+
+
+@nb.njit(**JIT_OPTIONS)
+def lane_row16(w: np.ndarray, gtype: int, q: np.ndarray, d: np.ndarray, m: np.ndarray,
+               d32: np.ndarray, m32: np.ndarray) -> bool:
+    """``lane_row`` with a scale and offset per 16 values (``d32``/``m32``: scratch, K/32)."""
+    if gtype == T_Q2_K:
+        _q2_k(w, q, d, m)
+    elif gtype == T_Q3_K:
+        _q3_k(w, q, d, m)
+    elif gtype == T_Q6_K:
+        _q6_k(w, q, d, m)
+    elif lane_row(w, gtype, q, d32, m32):
+        for b in range(d32.shape[0]):
+            d[2 * b] = d[2 * b + 1] = d32[b]
+            m[2 * b] = m[2 * b + 1] = m32[b]
     else:
         return False
     return True

@@ -28,7 +28,7 @@ import numpy as np
 
 from colibri.store.blocks import F16_TABLE, JIT_OPTIONS, decode_row, half  # noqa: F401 (re-exported)
 from colibri.store.formats import BLOCK, FORMATS, GGMLType, Kind, computed_format, row_nbytes
-from colibri.store.lanes import FOUR_BIT, LANE_TYPES, lane_row
+from colibri.store.lanes import FOUR_BIT, LANE_TYPES, SIXTEEN, lane_row, lane_row16
 
 # Rows interleaved by packing: the SIMD lanes of the direct path. 32, not 16 (one AVX-512
 # vector): LLVM leaves the 16-trip lane loops scalar and vectorizes the 32-trip ones.
@@ -108,8 +108,14 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True)
         return n_rows * n_cols * 4
     if kind == KIND_BLOCKS:  # the file's bytes, and a line of the part table per part
         return sum(rows * row_nbytes(GGMLType(t), n_cols) + 32 for rows, t in parts)
-    per = Q4_BYTES if kind == KIND_Q4 else Q8_BYTES  # quant bytes per block per row, then d and m
-    return -(-n_rows // GROUP) * GROUP * (n_cols // BLOCK) * (per + 8)
+    per = Q4_BYTES if kind == KIND_Q4 else _q8_block([t for _, t in parts])  # quant bytes per block
+    values = BLOCK if kind == KIND_Q4 else per
+    return -(-n_rows // GROUP) * GROUP * (n_cols // values) * (per + 8)  # quants, then d and m
+
+
+def _q8_block(types: list[int]) -> int:
+    """Values per block of a Q8 packing: 16 when any part scales every 16 values, else 32."""
+    return BLOCK // 2 if any(GGMLType(t) in SIXTEEN for t in types) else Q8_BYTES
 
 
 def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = False,
@@ -123,15 +129,16 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
     if kind == KIND_BLOCKS:
         return _blocks_weight(parts, n_rows, copy)
     if kind != KIND_F32:
-        groups, n_blocks = -(-n_rows // GROUP), n_cols // BLOCK
-        q = np.zeros((groups, n_blocks, Q4_BYTES if kind == KIND_Q4 else Q8_BYTES, GROUP), np.uint8)
+        per = Q4_BYTES if kind == KIND_Q4 else _q8_block([t for _, t in parts])
+        groups, n_blocks = -(-n_rows // GROUP), n_cols // (BLOCK if kind == KIND_Q4 else per)
+        q = np.zeros((groups, n_blocks, per, GROUP), np.uint8)
         d = np.zeros((groups, n_blocks, GROUP), np.float32)
         m = np.zeros((groups, n_blocks, GROUP), np.float32)
         row = 0
         for raw, t in parts:
             fmt = FORMATS[GGMLType(t)]
             layout = fmt.pack
-            if fmt.kind == kind:  # the format's own kind: its bytes are copied as they are
+            if fmt.kind == kind and n_blocks * BLOCK == n_cols:  # its own kind: bytes copied as they are
                 _pack_rows(raw, fmt.nbytes, layout.quants_at, layout.min_at, layout.offset_scale,
                            np.uint8(layout.flip), row, q, d, m)
             else:
@@ -208,22 +215,29 @@ def _pack_rows(raw: np.ndarray, size: int, quants_at: int, min_at: int, offset_s
 def _pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarray, d: np.ndarray,
                 m: np.ndarray) -> None:
     """Raw rows of a format that fits the layout but is not its kind's own (``lanes.py``) into
-    rows ``row0..``: Q4 takes two 4-bit quants a byte (j and j + 16), Q8 one."""
+    rows ``row0..``: Q4 takes two 4-bit quants a byte (j and j + 16), Q8 one, in blocks of 32
+    values or (``q.shape[2]`` 16) of 16."""
     qs = np.empty(n_cols, np.uint8)
-    ds = np.empty(n_cols // BLOCK, np.float32)
-    ms = np.empty(n_cols // BLOCK, np.float32)
-    four_bit = q.shape[2] == Q4_BYTES
+    ds = np.empty(q.shape[1], np.float32)
+    ms = np.empty(q.shape[1], np.float32)
+    d32 = np.empty(n_cols // BLOCK, np.float32)
+    m32 = np.empty(n_cols // BLOCK, np.float32)
+    four_bit = q.shape[1] * BLOCK == n_cols and q.shape[2] == Q4_BYTES
+    per = BLOCK if four_bit else q.shape[2]  # values per block
     for r in range(raw.shape[0]):
         g, lane = divmod(row0 + r, GROUP)
-        lane_row(raw[r], gtype, qs, ds, ms)
+        if per == BLOCK:
+            lane_row(raw[r], gtype, qs, ds, ms)
+        else:
+            lane_row16(raw[r], gtype, qs, ds, ms, d32, m32)
         for b in range(q.shape[1]):
             d[g, b, lane], m[g, b, lane] = ds[b], ms[b]
-            at = b * BLOCK
+            at = b * per
             if four_bit:
                 for j in range(Q4_BYTES):
                     q[g, b, j, lane] = qs[at + j] | (qs[at + Q4_BYTES + j] << np.uint8(4))
             else:
-                for j in range(Q8_BYTES):
+                for j in range(per):
                     q[g, b, j, lane] = qs[at + j]
 
 

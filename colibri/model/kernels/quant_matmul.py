@@ -8,8 +8,9 @@ For many rows (prefill, big batches) the *tiled* path dequantizes a tile of rows
 lets BLAS (``np.dot`` inside numba) multiply: the expansion is paid once per tile and reused by
 every activation row; the whole matrix is never expanded.
 
-Weights kept as the file's blocks (Q5, the K-quants, IQ4: ``Kind.BLOCKS``) have their own two
-paths, in ``block_matmul``.
+Q8 blocks hold 32 values, or 16 for the formats scaled per 16 values (Q2_K, Q3_K, Q6_K, packed
+through ``colibri.store.lanes``). Weights kept as the file's blocks (``Kind.BLOCKS``: the expert
+store's in-place copies) have their own two paths, in ``block_matmul``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def _direct_group(w: Weight, g: int, x: np.ndarray, xs: np.ndarray, lo: np.ndarr
     """
     t_rows, n_blocks = x.shape[0], w.q.shape[1]
     lanes = w.q.shape[3]  # == GROUP, for the Q8 loops: see LANES_AT_RUN_TIME
+    per = w.q.shape[2]  # Q8: values per block, 32 or 16 (the formats scaled per 16 values)
+    pair = per // 2
     acc[:, :] = 0.0
     for b in range(n_blocks):
         a[:, :] = 0.0
@@ -61,20 +64,20 @@ def _direct_group(w: Weight, g: int, x: np.ndarray, xs: np.ndarray, lo: np.ndarr
                     at, xl, xh = a[t], x[t, b * BLOCK + j], x[t, b * BLOCK + PAIR + j]
                     for r in range(GROUP):
                         at[r] = (at[r] + lo[r] * xl) + hi[r] * xh
-        elif t_rows == 1:  # Q8: quants j and j + 16 paired, as Q4 pairs its nibbles
+        elif t_rows == 1:  # Q8: quants j and j + per/2 paired, as Q4 pairs its nibbles
             a0 = a[0]
-            for j in range(PAIR):
-                ql, qh, xl, xh = qb[j], qb[j + PAIR], x[0, b * BLOCK + j], x[0, b * BLOCK + PAIR + j]
+            for j in range(pair):
+                ql, qh, xl, xh = qb[j], qb[j + pair], x[0, b * per + j], x[0, b * per + pair + j]
                 for r in range(lanes):
                     a0[r] = (a0[r] + np.float32(ql[r]) * xl) + np.float32(qh[r]) * xh
         else:
-            for j in range(PAIR):
-                ql, qh = qb[j], qb[j + PAIR]
+            for j in range(pair):
+                ql, qh = qb[j], qb[j + pair]
                 for r in range(lanes):
                     lo[r] = np.float32(ql[r])
                     hi[r] = np.float32(qh[r])
                 for t in range(t_rows):
-                    at, xl, xh = a[t], x[t, b * BLOCK + j], x[t, b * BLOCK + PAIR + j]
+                    at, xl, xh = a[t], x[t, b * per + j], x[t, b * per + pair + j]
                     for r in range(lanes):
                         at[r] = (at[r] + lo[r] * xl) + hi[r] * xh
         d, m = w.d[g, b], w.m[g, b]
@@ -89,10 +92,11 @@ def _direct(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     t_rows = x.shape[0]
     n_groups, n_blocks = w.q.shape[0], w.q.shape[1]
     xs = np.zeros((t_rows, n_blocks), np.float32)  # block sums of x, for the offsets m
+    size = x.shape[1] // n_blocks  # values per block: 32, or 16
     for t in range(t_rows):
         for b in range(n_blocks):
-            for i in range(BLOCK):
-                xs[t, b] += x[t, b * BLOCK + i]
+            for i in range(size):
+                xs[t, b] += x[t, b * size + i]
     n_chunks = min(n_groups, MAX_CHUNKS)
     for c in nb.prange(n_chunks):  # runs of groups, each with its scratch allocated once
         lo = np.empty(GROUP, np.float32)
@@ -127,7 +131,7 @@ def _tiled(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
                     else:
                         d, m = w.d[g, b], w.m[g, b]
                         for r in range(GROUP):
-                            tile_t[b * BLOCK + j, o + r] = d[r] * np.float32(w.q[g, b, j, r]) + m[r]
+                            tile_t[b * per + j, o + r] = d[r] * np.float32(w.q[g, b, j, r]) + m[r]
         res = np.dot(x, tile_t)
         r0 = g0 * GROUP
         rows = min(w.n_rows, g1 * GROUP) - r0
