@@ -167,3 +167,50 @@ def test_special_tokens(tok: GGUFTokenizer):
     assert tok.encode("<|im_start|>user\nhi<|im_end|>", special=True)[-1] == 2
     assert tok.eos_id in tok.stop_ids
     assert tok.token_bytes(-1) == b"" and tok.token_bytes(tok.n_vocab) == b""
+
+
+def test_client_text_stays_text_while_other_threads_encode_control_tokens(tok: GGUFTokenizer):
+    """Requests encode in worker threads: one encoding template markup (special) must not make
+    another's client text become control tokens (the flag is the ``tokenizers`` object's state).
+    The real tokenizer, behind a proxy whose encode sleeps once the flag is read, so that the other
+    thread runs exactly in the window."""
+    import threading
+    import time
+
+    real = tok._tok
+
+    class Slow:
+        encode_special_tokens = True
+
+        def encode(self, text: str, add_special_tokens: bool):
+            real.encode_special_tokens = self.encode_special_tokens
+            time.sleep(0.002)  # the other thread runs here
+            real.encode_special_tokens = self.encode_special_tokens
+            return real.encode(text, add_special_tokens=add_special_tokens)
+
+    im_start = tok.encode("<|im_start|>", special=True)[0]
+    leaked: list[list[int]] = []
+    go = threading.Barrier(2)
+
+    def markup() -> None:
+        go.wait()
+        for _ in range(20):
+            tok.encode("<|im_start|>user", special=True)
+
+    def client() -> None:
+        go.wait()
+        for _ in range(20):
+            ids = tok.encode("<|im_start|>user")
+            if im_start in ids:
+                leaked.append(ids)
+
+    tok._tok = Slow()
+    try:
+        threads = [threading.Thread(target=markup), threading.Thread(target=client)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        tok._tok = real
+    assert not leaked, f"{len(leaked)} of 20 client encodes held <|im_start|> as a control token"

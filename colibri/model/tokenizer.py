@@ -10,6 +10,7 @@ sequence until the token that completes it arrives.
 from __future__ import annotations
 
 import codecs
+import threading
 from collections.abc import Iterable
 from functools import lru_cache
 
@@ -102,6 +103,10 @@ class GGUFTokenizer:
         self.add_space_prefix = spm and bool(gguf.get("tokenizer.ggml.add_space_prefix", True))
         self._spm: SPMEncoder | None = None
         self._tok: Tokenizer | None = None
+        # encode_special_tokens is the ``tokenizers`` object's own state, set per segment: requests
+        # encode in worker threads, and one's setting must not leak into another's (client text
+        # read as control tokens), so an encode holds the object alone.
+        self._tok_lock = threading.Lock()
         self.scores: list[float] = []  # SentencePiece's merge priorities
         if spm:
             self.scores = [float(x) for x in gguf.get("tokenizer.ggml.scores") or [0.0] * len(tokens)]
@@ -153,8 +158,9 @@ class GGUFTokenizer:
                 ids += part
             else:
                 assert self._tok is not None
-                self._tok.encode_special_tokens = not special
-                ids += self._tok.encode(text, add_special_tokens=False).ids
+                with self._tok_lock:
+                    self._tok.encode_special_tokens = not special
+                    ids += self._tok.encode(text, add_special_tokens=False).ids
         if add_special and self.add_eos and self.eos_id is not None:
             ids.append(self.eos_id)
         return ids

@@ -103,6 +103,23 @@ class _Cursor:
             raise GGUFError(f"{self.path}: string of {n} bytes in {what} is not plausible")
         return self.take(n, what).decode("utf-8", errors="replace")
 
+    def strings(self, count: int, what: str) -> list[str]:
+        """``count`` strings in one loop (a vocabulary's 49152 tokens and 48900 merges: the open's
+        main cost when read field by field, 0.3 s of the default model's start-up)."""
+        buf, pos, end, out = self.buf, self.pos, len(self.buf), []
+        for _ in range(count):
+            if pos + 8 > end:
+                raise GGUFError(f"{self.path}: truncated file (ends inside {what})")
+            n = int.from_bytes(buf[pos : pos + 8], "little")
+            if n > MAX_STRING_BYTES:
+                raise GGUFError(f"{self.path}: string of {n} bytes in {what} is not plausible")
+            if pos + 8 + n > end:
+                raise GGUFError(f"{self.path}: truncated file (ends inside {what})")
+            out.append(buf[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace"))
+            pos += 8 + n
+        self.pos = pos
+        return out
+
     def value(self, vtype: int, what: str) -> Any:
         if vtype in _SCALARS:
             return self.scalar(vtype, what)
@@ -116,6 +133,8 @@ class _Cursor:
                 return np.frombuffer(raw, dtype=_NUMPY_OF[etype]).tolist()
             if count > len(self.buf):
                 raise GGUFError(f"{self.path}: array of {count} items in {what} is not plausible")
+            if etype == _STRING:
+                return self.strings(count, what)
             return [self.value(etype, what) for _ in range(count)]
         raise GGUFError(f"{self.path}: unknown metadata value type {vtype} in {what}")
 
