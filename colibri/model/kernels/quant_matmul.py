@@ -20,7 +20,17 @@ import numpy as np
 
 from colibri.model.kernels.block_matmul import MAX_CHUNKS, TILE_ROWS, direct_blocks, tiled_blocks
 from colibri.store.formats import BLOCK
-from colibri.store.packed import GROUP, JIT_OPTIONS, KIND_BLOCKS, KIND_F32, KIND_Q4, Weight, nibbles
+from colibri.store.packed import (
+    GROUP,
+    JIT_OPTIONS,
+    KIND_BLOCKS,
+    KIND_F32,
+    KIND_Q4,
+    OFFSET_Q4,
+    OFFSET_Q8,
+    Weight,
+    nibbles,
+)
 
 # LANES_AT_RUN_TIME: the Q8 lane loops take their trip count from an array shape, not from GROUP.
 # With a constant 32, LLVM fully unrolls their short bodies into scalar code before the vectorizer
@@ -80,11 +90,19 @@ def _direct_group(w: Weight, g: int, x: np.ndarray, xs: np.ndarray, lo: np.ndarr
                     at, xl, xh = a[t], x[t, b * per + j], x[t, b * per + pair + j]
                     for r in range(lanes):
                         at[r] = (at[r] + lo[r] * xl) + hi[r] * xh
-        d, m = w.d[g, b], w.m[g, b]
-        for t in range(t_rows):
-            at, acc_t, xsum = a[t], acc[t], xs[t, b]
-            for r in range(GROUP):
-                acc_t[r] += d[r] * at[r] + m[r] * xsum
+        d = w.d[g, b]
+        if w.m.size == 0:  # Q4_0 or Q8_0 alone: m = OFFSET d, not stored
+            off = OFFSET_Q4 if w.kind == KIND_Q4 else OFFSET_Q8
+            for t in range(t_rows):
+                at, acc_t, xsum = a[t], acc[t], xs[t, b]
+                for r in range(GROUP):
+                    acc_t[r] += d[r] * at[r] + (off * d[r]) * xsum
+        else:
+            m = w.m[g, b]
+            for t in range(t_rows):
+                at, acc_t, xsum = a[t], acc[t], xs[t, b]
+                for r in range(GROUP):
+                    acc_t[r] += d[r] * at[r] + m[r] * xsum
 
 
 @nb.njit(parallel=True, **_JIT)
@@ -119,17 +137,21 @@ def _tiled(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
         g1 = min(n_groups, g0 + per_tile)
         # tile_t[k, lane]: the tile's rows as columns, so that the writes run along the lanes
         tile_t = np.empty((x.shape[1], (g1 - g0) * GROUP), np.float32)
+        m = np.empty(GROUP, np.float32)
+        off = OFFSET_Q4 if w.kind == KIND_Q4 else OFFSET_Q8
         for g in range(g0, g1):
             o = (g - g0) * GROUP
             for b in range(n_blocks):
+                d = w.d[g, b]
+                for r in range(GROUP):
+                    m[r] = off * d[r] if w.m.size == 0 else w.m[g, b, r]
                 for j in range(per):
                     if w.kind == KIND_Q4:
                         for r in range(GROUP):
                             lo, hi = nibbles(w.q[g, b, j, r])
-                            tile_t[b * BLOCK + j, o + r] = w.d[g, b, r] * lo + w.m[g, b, r]
-                            tile_t[b * BLOCK + PAIR + j, o + r] = w.d[g, b, r] * hi + w.m[g, b, r]
+                            tile_t[b * BLOCK + j, o + r] = d[r] * lo + m[r]
+                            tile_t[b * BLOCK + PAIR + j, o + r] = d[r] * hi + m[r]
                     else:
-                        d, m = w.d[g, b], w.m[g, b]
                         for r in range(GROUP):
                             tile_t[b * per + j, o + r] = d[r] * np.float32(w.q[g, b, j, r]) + m[r]
         res = np.dot(x, tile_t)
