@@ -179,6 +179,18 @@ def _q6_k(w: np.ndarray, out: np.ndarray) -> None:
                     out[y + i + 32 * k] = d * np.float32(s) * np.float32(qv[k] - 32)
 
 
+@nb.njit(inline="always", **JIT_OPTIONS)
+def iq4_sub_block(w: np.ndarray, base: int, ib: int, d: np.float32, xs: bool) -> tuple[np.float32, int]:
+    """(scale, byte offset of the quants) of 32-value sub-block ``ib`` of the IQ4 block at ``base``:
+    IQ4_NL's is the block's d; IQ4_XS scales each by a six-bit ``ls - 32``."""
+    if not xs:
+        return d, base + 2
+    scales_h = np.int64(w[base + 2]) | (np.int64(w[base + 3]) << 8)
+    low = (np.int64(w[base + 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF
+    ls = low | (((scales_h >> (2 * ib)) & 3) << 4)
+    return d * np.float32(ls - 32), base + 8 + 16 * ib
+
+
 @nb.njit(**JIT_OPTIONS)
 def _iq4(w: np.ndarray, out: np.ndarray, xs: bool) -> None:
     """IQ4_NL: d, qs[16] per 32 values on the grid; IQ4_XS: d, scales_h, scales_l[4], qs[128] per 256,
@@ -189,12 +201,7 @@ def _iq4(w: np.ndarray, out: np.ndarray, xs: bool) -> None:
         base = b * size
         d = half(w[base], w[base + 1])
         for ib in range(per // BLOCK):
-            dl, qs = d, base + 2
-            if xs:
-                scales_h = np.int64(w[base + 2]) | (np.int64(w[base + 3]) << 8)
-                low = (np.int64(w[base + 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF
-                ls = low | (((scales_h >> (2 * ib)) & 3) << 4)
-                dl, qs = d * np.float32(ls - 32), base + 8 + 16 * ib
+            dl, qs = iq4_sub_block(w, base, ib, d, xs)
             y = b * per + BLOCK * ib
             for j in range(16):
                 v = np.int64(w[qs + j])

@@ -44,6 +44,7 @@ from colibri.store.blocks import (
     _scale_min_k4,
     _u32,
     half,
+    iq4_sub_block,
 )
 from colibri.store.formats import BLOCK, FORMATS, GGMLType
 
@@ -124,12 +125,7 @@ def _iq4(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray, xs: bool) -
         base = b * size
         dd = half(w[base], w[base + 1])
         for ib in range(per // BLOCK):
-            dl, qs = dd, base + 2
-            if xs:
-                scales_h = np.int64(w[base + 2]) | (np.int64(w[base + 3]) << 8)
-                low = (np.int64(w[base + 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF
-                ls = low | (((scales_h >> (2 * ib)) & 3) << 4)
-                dl, qs = dd * np.float32(ls - 32), base + 8 + 16 * ib
+            dl, qs = iq4_sub_block(w, base, ib, dd, xs)
             sub = b * (per // BLOCK) + ib
             d[sub], m[sub] = dl, np.float32(-128.0) * dl
             for j in range(16):
