@@ -49,32 +49,19 @@ def _softmax_rows(scores: np.ndarray, scale: np.float32, last: np.ndarray) -> No
 
 
 @nb.njit(**_JIT)
-def _attend_group(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int, s: int,
-                  n: int, kh: int, group: int, head_dim: int, out: np.ndarray) -> None:
-    """One decode row's query heads that share kv head kh, as the rows of two BLAS products: the
-    keys and values are read once for the group."""
-    keys = np.ascontiguousarray(k_cache[s, layer, :n, kh])
-    values = np.ascontiguousarray(v_cache[s, layer, :n, kh])
-    span = slice(kh * group * head_dim, (kh + 1) * group * head_dim)
-    scores = np.dot(np.ascontiguousarray(q[span]).reshape(group, head_dim), keys.T)
-    _softmax_rows(scores, np.float32(1.0 / np.sqrt(head_dim)), np.full(group, n - 1, np.int64))
-    out[span] = np.dot(scores, values).reshape(-1)
-
-
-@nb.njit(**_JIT)
-def _attend_run(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int, s: int,
-                positions: np.ndarray, h: int, kh: int, head_dim: int, out: np.ndarray) -> None:
-    """Query head h of a run of prompt rows of slot s (``positions`` theirs): two BLAS products,
-    ``softmax(Q Kᵀ) V`` over the run's keys, each row masked to its own position."""
+def _attend_rows(queries: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int, s: int,
+                 kh: int, last: np.ndarray) -> np.ndarray:
+    """``softmax(Q Kᵀ / sqrt(d)) V`` for query rows ``queries`` (R, head_dim) against kv head kh of
+    slot s, row i masked to positions ``0..last[i]``: two BLAS products over contiguous copies of
+    the keys and values, read once for all R rows."""
     n = 0
-    for p in positions:
+    for p in last:
         n = max(n, p + 1)
     keys = np.ascontiguousarray(k_cache[s, layer, :n, kh])
     values = np.ascontiguousarray(v_cache[s, layer, :n, kh])
-    qh = np.ascontiguousarray(q[:, h * head_dim : (h + 1) * head_dim])
-    scores = np.dot(qh, keys.T)
-    _softmax_rows(scores, np.float32(1.0 / np.sqrt(head_dim)), positions)
-    out[:, h * head_dim : (h + 1) * head_dim] = np.dot(scores, values)
+    scores = np.dot(queries, keys.T)
+    _softmax_rows(scores, np.float32(1.0 / np.sqrt(queries.shape[1])), last)
+    return np.dot(scores, values)
 
 
 @nb.njit(parallel=True, **_JIT)
@@ -85,14 +72,17 @@ def attend(
 ) -> None:
     """``out[t, head] = softmax(q·K / sqrt(d)) · V`` over the row's slot, causally.
 
-    Decode rows (``[0, n_direct)``) each take their own loops, per kv head. The prompt rows
+    A decode row (``[0, n_direct)``) is computed on its own, per kv head: the query heads that
+    share it are the rows of the products, the same shapes whatever the batch. The prompt rows
     that follow come as runs of one slot each (a prefill chunk): per run and query head, the
     scores of all its rows are one matrix product, and so is their sum of values."""
     group = n_heads // n_kv
     for item in nb.prange(n_direct * n_kv):  # a decode row: the same shapes whatever the batch
         t, kh = item // n_kv, item % n_kv
-        _attend_group(q[t], k_cache, v_cache, layer, slots[t], positions[t] + 1, kh, group,
-                      head_dim, out[t])
+        span = slice(kh * group * head_dim, (kh + 1) * group * head_dim)
+        heads = np.ascontiguousarray(q[t, span]).reshape(group, head_dim)
+        out[t, span] = _attend_rows(heads, k_cache, v_cache, layer, slots[t], kh,
+                                    np.full(group, positions[t], np.int64)).reshape(-1)
     starts = np.empty(q.shape[0] - n_direct + 1, np.int64)  # runs of prompt rows of one slot
     n_runs = 0
     for t in range(n_direct, q.shape[0]):
@@ -103,5 +93,6 @@ def attend(
     for item in nb.prange(n_runs * n_heads):
         r, h = item // n_heads, item % n_heads
         t0, t1 = starts[r], starts[r + 1]
-        _attend_run(q[t0:t1], k_cache, v_cache, layer, slots[t0], positions[t0:t1], h, h // group,
-                    head_dim, out[t0:t1])
+        cols = slice(h * head_dim, (h + 1) * head_dim)
+        out[t0:t1, cols] = _attend_rows(np.ascontiguousarray(q[t0:t1, cols]), k_cache, v_cache, layer,
+                                        slots[t0], h // group, positions[t0:t1])
