@@ -16,7 +16,15 @@ from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store.blocks import IN_PLACE
 from colibri.store.formats import FORMATS, GGMLType, dequantize
 from colibri.store.lanes import FOUR_BIT
-from colibri.store.packed import KIND_BLOCKS, KIND_Q4, KIND_Q8, dequantize_row, make_weight, packed_nbytes
+from colibri.store.packed import (
+    KIND_BLOCKS,
+    KIND_Q4,
+    KIND_Q8,
+    OFFSETS_Q8,
+    dequantize_row,
+    make_weight,
+    packed_nbytes,
+)
 
 # llama.cpp rounds each activation to 8 bits in blocks of 32 (Q8_0, Q8_1) or 256 (Q8_K): at most
 # half a step, amax / 127 / 2, per value; plus float32 rounding of the sums.
@@ -159,7 +167,8 @@ def test_one_part_is_a_view_of_the_file_unless_copied():
     ((GGMLType.Q4_0, GGMLType.Q4_K, GGMLType.Q4_1), KIND_Q4),
     ((GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.IQ4_NL), KIND_Q8),
     ((GGMLType.Q2_K, GGMLType.Q4_0, GGMLType.Q3_K, GGMLType.Q8_0, GGMLType.Q6_K, GGMLType.Q5_K), KIND_Q8),
-], ids=["q5_q8_q4k_iq4xs", "q4_q4k", "q4_q5_q5k_iq4nl", "per16_with_per32"])
+    ((GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS), KIND_Q8),
+], ids=["q5_q8_q4k_iq4xs", "q4_q4k", "q4_q5_q5k_iq4nl", "per16_with_per32", "offsets_derived"])
 def test_a_stack_of_lane_formats_packs_to_one_kind_and_is_the_concatenation(types: tuple, kind: int):
     """q, k and v of a ``_K_M`` file whose parts all scale per 32 values: one packed matmul."""
     rng = np.random.default_rng(11)
@@ -176,6 +185,10 @@ def test_a_stack_of_lane_formats_packs_to_one_kind_and_is_the_concatenation(type
         refs.append(ref.astype(np.float32))
     weight = make_weight(parts, k)
     assert weight.kind == kind and weight.n_rows == sum(r.shape[0] for r in refs)
+    # Q5_0, Q8_0 and IQ4 all have m = -128 d in Q8 lanes: none is stored, and the sizes agree
+    assert (weight.m.size == 0) == set(types).issubset(OFFSETS_Q8)
+    assert packed_nbytes([(p.shape[0], t) for p, t in parts], k) == (
+        weight.q.nbytes + weight.d.nbytes + weight.m.nbytes)
     ref = np.concatenate(refs)
     for t in T_ROWS:
         check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref)

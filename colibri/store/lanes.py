@@ -88,14 +88,17 @@ def _legacy(w: np.ndarray, gtype: int, q: np.ndarray, d: np.ndarray, m: np.ndarr
         five = gtype == T_Q5_0 or gtype == T_Q5_1
         qh = _u32(w, base + 4 if with_min else base + 2) if five else np.int64(0)
         qs = base + size - 16
+        # Q5_0's quants are shifted to Q8_0's offset (q - 16 = (q + 112) - 128), so that a stack
+        # of Q5_0 and Q8_0 (and IQ4) packs with m = -128 d derived, not stored (OFFSETS_Q8).
+        shift = 112 if gtype == T_Q5_0 else 0
         for j in range(16):
             v = np.int64(w[qs + j])
-            q[b * BLOCK + j] = (v & 0x0F) | (((qh >> j) << 4) & 0x10)
-            q[b * BLOCK + j + 16] = (v >> 4) | ((qh >> (j + 12)) & 0x10)
+            q[b * BLOCK + j] = ((v & 0x0F) | (((qh >> j) << 4) & 0x10)) + shift
+            q[b * BLOCK + j + 16] = ((v >> 4) | ((qh >> (j + 12)) & 0x10)) + shift
         if with_min:
             m[b] = half(w[base + 2], w[base + 3])
         else:
-            m[b] = np.float32(-16.0 if five else -8.0) * d[b]
+            m[b] = np.float32(-128.0 if shift else -8.0) * d[b]
 
 
 @nb.njit(**JIT_OPTIONS)

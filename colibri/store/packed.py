@@ -6,14 +6,15 @@ row must reduce every block horizontally, which SIMD does badly, so each quantiz
 
     q[g, b, j, r]   quant j of block b of row GROUP*g + r   (Q4: a byte of two nibbles, Q8: q + 128)
     d[g, b, r]      that block's scale;  m[g, b, r] its offset (Q4_1's min; none kept where every
-                    part is Q4_0 or Q8_0, whose offsets are OFFSET_Q4 d and OFFSET_Q8 d)
+                    part's offset is OFFSET_Q4 d or OFFSET_Q8 d: OFFSETS_Q4, OFFSETS_Q8)
 
 so the rows of a group are SIMD lanes (``colibri.model.kernels.quant_matmul``). The bits stay 4- or
 8-bit; only the scales widen to float32. Float formats, and stacks that mix kinds, are widened to
 float32 rows. Packing is deterministic, so a resident copy and one packed from the file on a miss
-give the same bits. The formats themselves are the table in ``formats.py``. The formats that do not
-fit this layout (Q5, the K-quants, IQ4) are not packed: their weights keep the file's blocks
-(``Kind.BLOCKS``, decoded by ``colibri.store.blocks``), no bigger than the file.
+give the same bits. The formats themselves are the table in ``formats.py``. The other formats (Q5,
+the K-quants, IQ4) are re-expressed as ``d q + m`` into these lanes (``colibri.store.lanes``), or,
+with ``lanes=False`` (the expert store), keep the file's blocks (``Kind.BLOCKS``, decoded by
+``colibri.store.blocks``), no bigger than the file.
 
 numba widens integer arithmetic on small types to int64, which quarters the SIMD lanes; nibbles are
 therefore split in float32 arithmetic (``nibbles``) and Q8_0's quants kept *biased* (``q + 128``,
@@ -121,10 +122,16 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True)
     return -(-n_rows // GROUP) * GROUP * (n_cols // values) * (per + scales)
 
 
+# The formats whose offset m is OFFSET_Q4 d as Q4, and OFFSET_Q8 d as Q8 (Q5_0 and IQ4 through their
+# lanes: ``lanes._legacy`` shifts Q5_0's quants to it, IQ4's grid is stored +128).
+OFFSETS_Q4 = frozenset({GGMLType.Q4_0})
+OFFSETS_Q8 = frozenset({GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS})
+
+
 def _derived_offsets(types: list[int], kind: int) -> bool:
-    """Whether every part's offset is its kind's fixed multiple of d (Q4_0 as Q4, Q8_0 as Q8)."""
-    own = GGMLType.Q4_0 if kind == KIND_Q4 else GGMLType.Q8_0
-    return all(GGMLType(t) == own for t in types)
+    """Whether every part's offset is its kind's fixed multiple of d, so that m is not stored."""
+    own = OFFSETS_Q4 if kind == KIND_Q4 else OFFSETS_Q8
+    return all(GGMLType(t) in own for t in types)
 
 
 def _q8_block(types: list[int]) -> int:
@@ -246,7 +253,9 @@ def _pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarr
         else:
             lane_row16(raw[r], gtype, qs, ds, ms, d32, m32)
         for b in range(q.shape[1]):
-            d[g, b, lane], m[g, b, lane] = ds[b], ms[b]
+            d[g, b, lane] = ds[b]
+            if m.size:  # else derived by the kernels (OFFSETS_Q8)
+                m[g, b, lane] = ms[b]
             at = b * per
             if four_bit:
                 for j in range(Q4_BYTES):

@@ -83,15 +83,15 @@ def _direct_group(w: Weight, g: int, x: np.ndarray, xs: np.ndarray, lo: np.ndarr
         else:
             for j in range(pair):
                 ql, qh = qb[j], qb[j + pair]
-                for r in range(lanes):
+                for r in range(GROUP):
                     lo[r] = np.float32(ql[r])
                     hi[r] = np.float32(qh[r])
                 for t in range(t_rows):
                     at, xl, xh = a[t], x[t, b * per + j], x[t, b * per + pair + j]
-                    for r in range(lanes):
+                    for r in range(GROUP):
                         at[r] = (at[r] + lo[r] * xl) + hi[r] * xh
         d = w.d[g, b]
-        if w.m.size == 0:  # Q4_0 or Q8_0 alone: m = OFFSET d, not stored
+        if w.m.size == 0:  # m = OFFSET d, not stored (packed.OFFSETS_Q4, OFFSETS_Q8)
             off = OFFSET_Q4 if w.kind == KIND_Q4 else OFFSET_Q8
             for t in range(t_rows):
                 at, acc_t, xsum = a[t], acc[t], xs[t, b]
