@@ -238,6 +238,7 @@ def cmd_channel(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
     from pathlib import Path
 
+    from colibri.api.affinity import MAX_REPLICA_ID, valid_replica_id
     from colibri.api.http_server import ServeConfig, run_server
     from colibri.sched.engine import MAX_SLOTS
 
@@ -256,6 +257,12 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
     web = settings.resolve(args, settings.WEB_DIST)
     if web and Path(web).exists() and not Path(web).is_dir():  # missing is fine: "not built"
         raise ConfigError(f"--web-dist {web!r} is not a directory")
+    prefix_share = settings.resolve(args, settings.PREFIX_SHARE)
+    if not 0 <= prefix_share <= 1:
+        raise ColibriError(f"--prefix-share must be 0..1, got {prefix_share}")
+    replica_id = settings.resolve(args, settings.REPLICA_ID) or None
+    if replica_id is not None and not valid_replica_id(replica_id):
+        raise ColibriError(f"--replica-id must be 1-{MAX_REPLICA_ID} characters of A-Z a-z 0-9 . _ : @ - [ ]")
     limits = {s.name: settings.resolve(args, s) for s in settings.HTTP_LIMITS}
     if not all(value > 0 for value in limits.values()):
         raise ColibriError("--max-body-mb, --body-timeout, --max-requests, --keep-alive and "
@@ -272,8 +279,20 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
         open_browser=open_browser, max_body=int(limits["max_body_mb"] * (1 << 20)),
         body_timeout_s=limits["body_timeout"], max_requests=limits["max_requests"],
         keep_alive_s=limits["keep_alive"], drain_timeout_s=limits["drain_timeout"],
+        prefix_share=prefix_share, replica_id=replica_id,
     )
     return run_server(cfg)
+
+
+def cmd_deploy_nginx(args: argparse.Namespace) -> int:
+    """Print the nginx configuration for the replicas (colibri/api/nginx_config.py)."""
+    from colibri.api import nginx_config
+
+    p = nginx_config.plan(args.listen, args.replica, fail_timeout_s=args.fail_timeout,
+                          max_fails=args.max_fails, read_timeout_s=args.read_timeout,
+                          max_body_mb=args.max_body_mb)
+    sys.stdout.write(nginx_config.render(p))
+    return 0
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
@@ -371,7 +390,8 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
         srv = sub.add_parser(name, help=helptext)
         settings.add(srv, settings.MODEL, settings.HOST, settings.PORT, settings.MODEL_ID, settings.API_KEY,
                      settings.SERVE_SLOTS, settings.MAX_QUEUE, settings.QUEUE_TIMEOUT, settings.CTX,
-                     settings.STATE_DIR, settings.WEB_DIST, settings.RAM_BUDGET, *settings.HTTP_LIMITS)
+                     settings.STATE_DIR, settings.WEB_DIST, settings.RAM_BUDGET, *settings.HTTP_LIMITS,
+                     settings.PREFIX_SHARE, settings.REPLICA_ID)
         cors = settings.CORS_ORIGINS
         srv.add_argument(cors.flag, dest=cors.name, action="append", metavar="ORIGIN",
                          help=f"{cors.help} [{cors.env}]")
@@ -379,6 +399,28 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
                          help="allow a non-loopback bind without an API key")
         srv.add_argument("--no-persist", action="store_true", help="keep slots in memory only")
         srv.set_defaults(func=cmd_serve if name == "serve" else partial(cmd_serve, open_browser=True))
+
+
+def _add_deploy_commands(sub: argparse._SubParsersAction) -> None:
+    """deploy nginx: configuration for several replicas behind a load balancer."""
+    from colibri.api import nginx_config as nc  # constants only
+
+    deploy = sub.add_parser("deploy", help="configuration for running colibri behind other software")
+    kinds = deploy.add_subparsers(dest="kind", required=True)
+    nginx = kinds.add_parser("nginx", help="an nginx configuration for several coli serve replicas, "
+                                           "with conversation affinity on X-Session-Id (docs/deploy.md)")
+    nginx.add_argument("--listen", required=True, metavar="HOST:PORT", help="where nginx listens")
+    nginx.add_argument("--replica", required=True, action="append", metavar="HOST:PORT",
+                       help="a coli serve replica (repeat for each)")
+    nginx.add_argument("--fail-timeout", type=float, default=nc.FAIL_TIMEOUT_S, metavar="S",
+                       help=f"seconds a failed replica stays out (default {nc.FAIL_TIMEOUT_S})")
+    nginx.add_argument("--max-fails", type=int, default=nc.MAX_FAILS,
+                       help=f"failed attempts that take a replica out (default {nc.MAX_FAILS})")
+    nginx.add_argument("--read-timeout", type=float, default=nc.READ_TIMEOUT_S, metavar="S",
+                       help=f"longest silence from a replica, in seconds (default {nc.READ_TIMEOUT_S})")
+    nginx.add_argument("--max-body-mb", type=float, default=nc.MAX_BODY_MB,
+                       help=f"largest request body (default {nc.MAX_BODY_MB}, the replicas' default)")
+    nginx.set_defaults(func=cmd_deploy_nginx)
 
 
 def _add_file_commands(sub: argparse._SubParsersAction) -> None:
@@ -413,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_commands(sub)
     _add_engine_commands(sub)
     _add_server_commands(sub)
+    _add_deploy_commands(sub)
     _add_file_commands(sub)
     return p
 

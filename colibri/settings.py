@@ -65,6 +65,20 @@ QUEUE_TIMEOUT = Setting("queue_timeout", "--queue-timeout", "COLI_QUEUE_TIMEOUT"
 RAM_BUDGET = Setting("ram_budget", "--ram-budget", "COLI_RAM_GB", None, float,
                      "GB of RAM for resident expert copies on MoE models (0: every expert read from the "
                      "file at each use; inf: no limit; default: half the RAM available at start)")
+# Prefix-aware slot choice (colibri/api/admission.py): the share of a slot's last prompt a request
+# must continue to be given that slot rather than the least recently used free one. A conversation's
+# next turn continues all of it, a regenerated answer all of it, an edited last message most of it;
+# a new conversation shares the template's preamble (SmolLM2: 27 tokens of system prompt and turn
+# markup), 0.6-0.7 of a one-sentence first turn: under 0.8 it does not take that slot. Where it
+# does (a very short first turn, or a long shared system prompt), the slot's own tokens are few
+# next to what the newcomer reuses.
+PREFIX_SHARE = Setting("prefix_share", "--prefix-share", "COLI_PREFIX_SHARE", 0.8, float,
+                       "a request without cache_slot takes the free slot whose last prompt it continues "
+                       "for at least this share (0-1), else the least recently used one")
+# How a replica names itself behind a load balancer (x-colibri-replica, /health).
+REPLICA_ID = Setting("replica_id", "--replica-id", "COLI_REPLICA_ID", None, str,
+                     "this replica's name in the x-colibri-replica header and /health (default: the "
+                     "bound host:port)")
 # Default budget: half of what is free at start leaves the rest to the page cache (which also
 # serves experts) and to the KV cache, the OS and other programs.
 DEFAULT_RAM_SHARE = 0.5

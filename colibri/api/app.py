@@ -13,6 +13,7 @@ from werkzeug.routing import PathConverter
 
 from colibri import settings
 from colibri.api import openai_errors
+from colibri.api.affinity import MAX_SESSION_ID, REPLICA_HEADER, SESSION_HEADER, valid_session_id
 from colibri.api.routes import SITE_EXTENSION, blueprint, error_response, server_state
 from colibri.api.security import check_api_key, is_json_content_type, origin_allowed
 from colibri.api.server_state import EXTENSION, ServerState
@@ -46,6 +47,7 @@ def create_app(
     app.extensions[SITE_EXTENSION] = StaticSite(state.web_dist)
     app.before_request(guard)
     app.after_request(cors)
+    app.after_request(name_replica)
     app.register_error_handler(HTTPException, http_error)
     app.register_error_handler(Exception, crash)
     app.register_blueprint(blueprint)
@@ -72,6 +74,9 @@ async def guard() -> Response | None:
     content_type = request.headers.get("content-type")
     if request.method == "POST" and request.url_rule is not None and not is_json_content_type(content_type):
         return _refused(openai_errors.unsupported_media_type(content_type))
+    session = request.headers.get(SESSION_HEADER)
+    if session is not None and not valid_session_id(session):
+        return error_response(openai_errors.invalid_session_id(MAX_SESSION_ID))
     return None
 
 
@@ -84,6 +89,14 @@ def _refused(err: openai_errors.ApiError) -> Response:
 
 async def cors(response: Response) -> Response:
     response.headers.update(server_state().cors.headers_for(request.headers.get("origin"), False, None))
+    return response
+
+
+async def name_replica(response: Response) -> Response:
+    """Every answer says which replica gave it (behind nginx: where the conversation's KV is)."""
+    state = server_state()
+    if state.replica_id:
+        response.headers[REPLICA_HEADER] = state.replica_id
     return response
 
 

@@ -33,7 +33,7 @@ from colibri.api.tools import split_output
 async def admit(state: ServerState, gen: Generation) -> SlotLease:
     """The request's slot, once free; a 429 ``ApiError`` if the queue is full or the wait too long."""
     try:
-        lease = await state.admission.lease(gen.cache_slot)
+        lease = await state.admission.lease(gen.cache_slot, gen.prompt_ids or gen.prompt)
     except trio.Cancelled:
         state.counters["cancelled"] += 1  # the client left while queued
         raise
@@ -41,6 +41,8 @@ async def admit(state: ServerState, gen: Generation) -> SlotLease:
         state.counters["rejected"] += 1
         raise openai_errors.server_busy(isinstance(e, QueueFull)) from None
     state.metrics.queue_wait.observe(lease.waited)
+    if lease.prefix_hit:
+        state.metrics.prefix_hits.inc()
     return lease
 
 

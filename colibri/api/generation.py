@@ -172,12 +172,15 @@ class GenerationRun:
         completion = len(self.tokens) if self.tokens or not self.done else self.done.emitted
         self.metrics.tokens.inc(prompt, kind="prompt")
         self.metrics.tokens.inc(completion, kind="completion")
+        if self.perf is not None:
+            self.metrics.reused_tokens.inc(self.perf.reused_tokens)
         return prompt, completion
 
     def stats(self) -> dict[str, Any]:
-        """The ``colibri`` block of the answer: the slot, and the engine's figures for the turn."""
+        """The ``colibri`` block of the answer: the slot, the prompt tokens its KV already held (null:
+        the engine did not say), and the engine's figures for the turn."""
         d, p = self.done, self.perf
-        out: dict[str, Any] = {"slot": self.slot}
+        out: dict[str, Any] = {"slot": self.slot, "reused_tokens": p.reused_tokens if p else None}
         if d:
             out["stats"] = {
                 "emitted": d.emitted,

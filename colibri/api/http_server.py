@@ -23,7 +23,8 @@ from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallabl
 
 from colibri import settings
 from colibri.api import sdnotify
-from colibri.api.admission import Admission
+from colibri.api.admission import MIN_PREFIX_SHARE, Admission
+from colibri.api.affinity import default_replica_id
 from colibri.api.app import BODY_TIMEOUT_S, MAX_BODY, create_app
 from colibri.api.engine_client import EngineClient, EngineStartFailed
 from colibri.api.openai_errors import ambiguous_framing, overloaded
@@ -70,6 +71,8 @@ class ServeConfig:
     max_requests: int = MAX_CONCURRENT_REQUESTS
     keep_alive_s: float = KEEP_ALIVE_S
     drain_timeout_s: float = DRAIN_TIMEOUT_S
+    prefix_share: float = MIN_PREFIX_SHARE
+    replica_id: str | None = None  # None: the bound host:port
 
 
 class ConcurrencyLimit:
@@ -188,7 +191,7 @@ async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
         n_ctx=n_ctx,
         api_key=cfg.api_key,
         engine=engine,
-        admission=Admission(cfg.kv_slots, cfg.max_queue, cfg.queue_timeout),
+        admission=Admission(cfg.kv_slots, cfg.max_queue, cfg.queue_timeout, cfg.prefix_share),
         render=text.render,
         count_tokens=text.count_tokens,
         encode=partial(prompt_ids, text),
@@ -205,6 +208,7 @@ async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
         sdnotify.status("starting the engine")
         await nursery.start(engine.run)
         binds = await nursery.start(partial(hypercorn_serve, app, hconfig, shutdown_trigger=stop.wait))
+        state.replica_id = cfg.replica_id or default_replica_id((binds or hconfig.bind)[0])
         for bind in binds or hconfig.bind:
             print(f"colibri: serving {cfg.model_id} on {bind}", file=sys.stderr, flush=True)
         sdnotify.ready()

@@ -197,6 +197,8 @@ class ServerMetrics:
     token_latency: Histogram  # one observation per generated token
     queue_wait: Histogram
     persist_failures: Counter  # turns whose KV slot the engine could not save
+    prefix_hits: Counter  # requests given the free slot holding their prefix (admission's choice)
+    reused_tokens: Counter  # prompt tokens the engine took from a slot's KV instead of prefilling
 
 
 def server_metrics() -> tuple[Registry, ServerMetrics]:
@@ -228,6 +230,18 @@ def server_metrics() -> tuple[Registry, ServerMetrics]:
             Counter(
                 "colibri_persist_failures_total",
                 "Turns whose KV slot the engine failed to save to the state directory.",
+            )
+        ),
+        prefix_hits=r.register(
+            Counter(
+                "colibri_prefix_hits_total",
+                "Requests without cache_slot given the free slot whose history shares their prefix.",
+            )
+        ),
+        reused_tokens=r.register(
+            Counter(
+                "colibri_reused_tokens_total",
+                "Prompt tokens taken from a slot's KV cache instead of prefilled.",
             )
         ),
     )

@@ -84,6 +84,17 @@ def ambiguous_framing() -> ApiError:
 # ----------------------------------------------------------------------------- HTTP and the guards
 
 
+def invalid_session_id(limit: int) -> ApiError:
+    """The value is not quoted: a conversation key that breaks the rule may be anything."""
+    return ApiError(400, f"X-Session-Id must be 1-{limit} characters of A-Z a-z 0-9 . _ : @ -",
+                    "X-Session-Id", code="invalid_session_id")
+
+
+def replica_unreachable() -> ApiError:
+    """nginx's answer (``coli deploy nginx``) when no replica could be reached for a request."""
+    return ApiError(502, "no colibri replica is reachable", type_="server_error", code="replica_unreachable")
+
+
 def http_error(status: int, message: str) -> ApiError:
     """An error the web framework raised (404, 405, 408, 413, ...)."""
     return ApiError(status, message, type_="not_found_error" if status == 404 else "invalid_request_error")

@@ -74,6 +74,7 @@ async def health() -> Response:
         "status": status,
         "reason": reason,
         "model": state.model_id,
+        "replica": state.replica_id,
         "version": __version__,
         "active": state.admission.active,
         "queued": state.admission.queued,

@@ -42,6 +42,7 @@ class ServerState:
     # A request's prompt as token ids, by the trust rule (``ModelText.encode_chat``/``encode_text``);
     # None: the engine tokenizes the rendered text (a unit test's scripted engine).
     encode: Callable[[Generation], list[int]] | None = None
+    replica_id: str = ""  # x-colibri-replica and /health: --replica-id, else the bound host:port
     draining: bool = False  # SIGTERM came: new generations get 503 while those in flight finish
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     created: int = field(default_factory=lambda: int(time.time()))  # the model card's date
