@@ -8,6 +8,7 @@ and no limit (everything used stays resident), while the tiers and counters show
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 from pathlib import Path
 
@@ -103,6 +104,52 @@ def test_heat_pins_the_hottest_within_the_budget(moe_path: Path):
     store.pin_hottest(flipped)
     coldest = np.argsort(-flipped, axis=None, kind="stable")[:pinned]
     assert {store.tier(store.layers[f // N_EXPERTS], f % N_EXPERTS) for f in coldest.tolist()} == {TIER_RAM}
+
+
+def mapped_rss(path: Path) -> int:
+    """Bytes of ``path``'s mapping resident in this process (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            key = line.split(None, 1)[0]
+            if not key.endswith(":"):  # a mapping's header line: "start-end perms offset dev inode path"
+                inside = line.rstrip().endswith(str(path))
+            elif inside and key == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.fixture(scope="module")
+def wide_moe_path(tmp_path_factory) -> Path:
+    """Experts of many pages each (512 x 512 Q4_0: 36 pages a matrix), so that the pages an expert
+    shares with its neighbours do not hide what its copy releases."""
+    path = tmp_path_factory.mktemp("wide") / "wide.gguf"
+    return make_synthetic_moe.write_synthetic_moe(
+        path, n_layers=1, n_experts=8, n_used=N_USED, n_embd=512, n_ff=512, n_vocab=512,
+    )
+
+
+@pytest.mark.parametrize("fits", ["no_budget", "budget_holds_all"])
+def test_a_model_that_fits_is_loaded_whole_at_start_and_costs_its_copy(wide_moe_path: Path, fits: str):
+    """Where every expert fits, pinning makes all of them resident (no token waits on a miss), and
+    the file pages copied leave this process's RSS: the model costs its copy, not that and the file."""
+    budget = None if fits == "no_budget" else open_with_budget(wide_moe_path, 0).decoder.experts.all_nbytes()
+    gc.collect()  # other models of this file (their mappings count in smaps too) are gone
+    model = open_with_budget(wide_moe_path, budget)
+    store = model.decoder.experts
+    n = len(store.layers) * store.n_experts
+    assert store.pin_hottest(None) == n
+    assert store.tier_counts() == (n, 0, store.all_nbytes())
+    assert mapped_rss(wide_moe_path) < n * store.expert_file_bytes / 4
+    first = store.counters()
+    assert greedy(model) == greedy(open_with_budget(wide_moe_path, 0))
+    assert store.counters().misses == first.misses  # every use a hit
+
+
+def test_a_budget_short_of_the_model_pins_only_what_has_heat(moe_path: Path):
+    store = open_with_budget(moe_path, open_with_budget(moe_path, 0).decoder.experts.all_nbytes() - 1
+                             ).decoder.experts
+    assert store.pin_hottest(None) == 0
 
 
 def test_hits_bitmap_reports_routed_experts_once(moe_path: Path):

@@ -6,7 +6,10 @@ made several times larger than a RAM budget. The weights are random but the rout
 uniform: every token embedding shares a common direction ``c``, and each router row leans towards
 ``c`` by a Zipf-distributed amount, so a few experts per layer are hot, as in real MoE models.
 Experts are random Q4_0 blocks written tensor by tensor (one layer's experts at a time in RAM).
-No vocabulary: drive it with ``--prompt-ids``.
+The vocabulary is a placeholder SentencePiece one (``<unk> <s> </s>``, the 256 byte tokens, then
+``▁t<i>`` pieces; none below 259 tokens): no text means anything to a random model, so drive it
+with ``--prompt-ids``; it is there because llama.cpp will not load a file without one
+(``bench/bench_moe_peer.py`` runs both engines on this same file).
 
     python tools/make_synthetic_moe.py OUT.gguf [--layers 24] [--experts 64] [--used 4]
         [--embd 1024] [--ff 1024] [--vocab 4096]
@@ -131,6 +134,30 @@ def _add_metadata(w: gguf.GGUFWriter, *, n_layers: int, n_experts: int, n_used: 
     w.add_expert_used_count(n_used)
     w.add_vocab_size(n_vocab)
     w.add_file_type(2)  # MOSTLY_Q4_0
+    _add_placeholder_vocab(w, n_vocab)
+
+
+# llama.cpp's token types (llama-vocab.h): a placeholder vocabulary's control, byte and plain pieces.
+TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_BYTE = 1, 2, 3, 6
+SPECIALS = ("<unk>", "<s>", "</s>")  # SentencePiece's ids 0, 1, 2
+
+
+def _add_placeholder_vocab(w: gguf.GGUFWriter, n_vocab: int) -> None:
+    """A SentencePiece vocabulary of ``n_vocab`` pieces: the specials, the byte fallbacks, fillers;
+    none in a file too small to hold them (colibri needs none, llama.cpp does)."""
+    if n_vocab < len(SPECIALS) + 256:
+        return
+    pieces = list(SPECIALS) + [f"<0x{b:02X}>" for b in range(256)]
+    types = [TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_CONTROL] + [TOKEN_BYTE] * 256
+    pieces += [f"\u2581t{i}" for i in range(n_vocab - len(pieces))]
+    types += [TOKEN_NORMAL] * (n_vocab - len(types))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(pieces)
+    w.add_token_scores([0.0] * len(SPECIALS) + [0.0] * 256 + [-float(i) for i in range(n_vocab - 259)])
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
 
 
 def _write_plan(w: gguf.GGUFWriter, plan: _Plan) -> None:

@@ -69,19 +69,21 @@ class Engine:
     # ------------------------------------------------------------------ state
 
     def restore(self) -> None:
-        """Load every slot's persisted history and K/V (a bad file: one warning, slot cold)."""
-        if self.state_dir is None:
-            return
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        persist.remove_stale_temps(self.state_dir)
-        for slot in self.slots:
-            tokens = persist.load_slot(
-                self.state_dir, slot.index, self.model_fp, self.layout_fp,
-                self.kv.k[slot.index], self.kv.v[slot.index], self.n_ctx, self.model.hp.n_vocab,
-            )
-            slot.history = tokens or []
+        """Load every slot's persisted history and K/V (a bad file: one warning, slot cold), and
+        pin the experts: the hottest by the persisted heat, or all of them where they fit."""
+        heat = None
+        if self.state_dir is not None:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            persist.remove_stale_temps(self.state_dir)
+            for slot in self.slots:
+                tokens = persist.load_slot(
+                    self.state_dir, slot.index, self.model_fp, self.layout_fp,
+                    self.kv.k[slot.index], self.kv.v[slot.index], self.n_ctx, self.model.hp.n_vocab,
+                )
+                slot.history = tokens or []
+            if self.experts is not None:
+                heat = persist.load_usage(self.state_dir, self.model_fp, self.experts.heat.shape)
         if self.experts is not None:
-            heat = persist.load_usage(self.state_dir, self.model_fp, self.experts.heat.shape)
             self.experts.pin_hottest(heat)
 
     async def persist_slot(self, slot: Slot) -> bool:

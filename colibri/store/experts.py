@@ -173,19 +173,22 @@ class ExpertStore:
 
     def pin_hottest(self, heat: np.ndarray | None) -> int:
         """Load ``heat`` (from ``.coli_usage``; None keeps the current one) and make the hottest
-        experts resident, up to PIN_SHARE of the budget (no limit: every expert with heat). Returns
-        how many were pinned."""
+        experts resident, up to PIN_SHARE of the budget. When every expert fits the budget (or
+        there is none), every expert is made resident, hottest first: a model that fits RAM is
+        loaded whole at start, as any engine loads its weights, and no token waits on a miss.
+        Returns how many were pinned."""
         if heat is not None:
             self.heat[...] = heat
         self._pinned.clear()
         self._pinned_bytes = 0
         if not self.layers:
             return 0
-        room = None if self.budget is None else int(self.budget * PIN_SHARE)
+        everything = self.budget is None or self.all_nbytes() <= self.budget
+        room = None if everything else int(self.budget * PIN_SHARE)
         order = np.argsort(-self.heat, axis=None, kind="stable")
         for flat in order.tolist():
             row, e = divmod(flat, self.n_experts)
-            if self.heat[row, e] <= 0.0:
+            if self.heat[row, e] <= 0.0 and not everything:
                 break
             layer = self.layers[row]
             size = self._nbytes[layer]
@@ -201,6 +204,10 @@ class ExpertStore:
             self._pinned_bytes += size
         self._trim_recent()
         return len(self._pinned)
+
+    def all_nbytes(self) -> int:
+        """Bytes of every expert's packed copy: what a budget must hold for the whole model."""
+        return sum(self._nbytes[layer] for layer in self.layers) * self.n_experts
 
     def tier(self, layer: int, expert: int) -> int:
         key = (layer, expert)
@@ -270,11 +277,14 @@ class ExpertStore:
         parts = [self._slice(name, expert) for name in (gate, up)]
         # In-place formats stay in place (lanes=False): a resident expert costs its file bytes, and
         # a miss one copy of them, not a repacking pass.
-        return ExpertWeights(
+        weights = ExpertWeights(
             gate_up=make_weight(parts, self.gguf.tensors[gate].shape[0], copy=True, lanes=False),
             down=make_weight([self._slice(down, expert)], self.gguf.tensors[down].shape[0], copy=True,
                              lanes=False),
         )
+        for name in (gate, up, down):  # the copy is all that is read now: the file pages leave RSS
+            self.gguf.release_span(*self._slice_span(name, expert))
+        return weights
 
     def _slice(self, name: str, expert: int) -> tuple[np.ndarray, int]:
         """The raw rows of one expert of a 3-D tensor, and their block type."""

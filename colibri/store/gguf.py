@@ -237,10 +237,15 @@ class GGUFFile:
         all that is read (a packed matrix): they leave this process's RSS and stay in the page
         cache, so that a model costs its packed copy, not that and the file."""
         info = self.tensors[name]
-        start = -(-info.offset // mmap.PAGESIZE) * mmap.PAGESIZE
-        end = (info.offset + info.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-        if end > start:
-            self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        self.release_span(info.offset, info.nbytes)
+
+    def release_span(self, start: int, length: int) -> None:
+        """``release`` for the pages wholly inside ``length`` bytes at ``start`` (one expert's rows:
+        a page it shares with a neighbour stays)."""
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = min(start + length, self.file_size) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > first:
+            self._map.madvise(mmap.MADV_DONTNEED, first, end - first)
 
     def advise_dontneed(self) -> None:
         """Drop this file's pages from the page cache (benchmarks start from a cold disk): first this

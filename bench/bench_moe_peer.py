@@ -1,0 +1,238 @@
+"""The MoE headline: colibri's expert store against llama.cpp on the same file, under memory caps.
+
+    python bench/bench_moe_peer.py [--gguf PATH] [--caps 1.5:0.6,1.0:0.3] [--tokens 64] [--runs 3]
+
+The file is tools/make_synthetic_moe.py's (default: 24 layers x 64 experts of 1024x1024 Q4_0,
+top-4, 2.58 GiB, with a placeholder SentencePiece vocabulary so that llama.cpp loads it). Each case
+is a memory cap (GB, RSS plus page cache, as a small machine's RAM: ``memcap.py`` says how it is
+applied here) and colibri's ``--ram-budget`` (GiB) under it, then one case with no cap and no budget.
+Every run is one fresh worker process started inside its cgroup, after the file's pages are dropped
+from the page cache; the sides alternate run by run. Each worker prefills the same prompt, then
+samples ``--tokens`` tokens at temperature 1 (a random model's greedy output loops over a few
+tokens, and so would its routing); only those steps are timed, start-up excluded on both sides.
+
+- **colibri**: ``Model(path, ram_budget)``, the hottest experts of an earlier generation pinned at
+  start (their heat, as ``.coli_usage`` carries it between runs; pinning is start-up).
+- **llama.cpp** (llama-cpp-python, the Makefile's ``peer`` build, 2 threads, mmap): under a cap with
+  ``use_extra_bufts = False``, since its default repacks every Q4_0 tensor into an anonymous copy,
+  which a cap smaller than the file kills; with no cap both ways, and the faster one is its figure.
+
+Printed per case: tok/s (median of ``--runs``), the ratio, each side's peak memory (the cgroup's
+peak of RSS plus page cache, and the worker's peak RSS) and out-of-memory kills.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_moe  # noqa: E402  (the synthetic model, the prompt, the decode loop, the cache drop)
+from memcap import MemoryCap  # noqa: E402
+
+THREADS = 2
+DEFAULT_CAPS = "1.5:0.6,1.0:0.3"  # cap GB : colibri --ram-budget GiB, as in the issue's table
+HEAT_TOKENS = 128  # the earlier generation whose heat colibri pins (bench_moe's warm-up)
+RUN_TIMEOUT_S = 1800  # a thrashing run at a small cap is slow, not stuck
+CACHE = Path.home() / ".cache" / "colibri" / "bench"
+
+
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# -- the workers (one process per run) -------------------------------------------------------------
+
+
+def work_colibri(args) -> dict:
+    from colibri.model.loader import Model
+    from colibri.settings import gb_to_bytes
+
+    t0 = time.perf_counter()
+    model = Model(args.gguf, ram_budget=None if args.budget is None else gb_to_bytes(args.budget))
+    pinned = model.decoder.experts.pin_hottest(np.load(args.heat)) if args.heat else 0
+    start_s = time.perf_counter() - t0
+    ids, elapsed = bench_moe.decode(model, args.tokens)
+    return {"tok_s": args.tokens / elapsed, "rss": peak_rss(), "start_s": start_s, "pinned": pinned}
+
+
+def work_llama(args) -> dict:
+    import llama_cpp as lib
+
+    t0 = time.perf_counter()
+    lib.llama_backend_init()
+    mp = lib.llama_model_default_params()
+    mp.use_mmap, mp.use_extra_bufts = True, bool(args.repack)
+    model = lib.llama_model_load_from_file(str(args.gguf).encode(), mp)
+    if not model:
+        raise SystemExit("llama.cpp could not load the model")
+    cp = lib.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_threads, cp.n_threads_batch = 256, 64, THREADS, THREADS
+    ctx = lib.llama_init_from_model(model, cp)
+    chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(1.0))
+    lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(bench_moe.SAMPLING_SEED))
+    prompt = (lib.llama_token * len(bench_moe.PROMPT))(*bench_moe.PROMPT)
+    if lib.llama_decode(ctx, lib.llama_batch_get_one(prompt, len(bench_moe.PROMPT))) != 0:
+        raise SystemExit("llama_decode failed on the prompt")
+    start_s = time.perf_counter() - t0
+    one = (lib.llama_token * 1)()
+    start = time.perf_counter()
+    for _ in range(args.tokens):
+        one[0] = lib.llama_sampler_sample(chain, ctx, -1)
+        if lib.llama_decode(ctx, lib.llama_batch_get_one(one, 1)) != 0:
+            raise SystemExit("llama_decode failed")
+    return {"tok_s": args.tokens / (time.perf_counter() - start), "rss": peak_rss(), "start_s": start_s}
+
+
+def work_heat(args) -> dict:
+    """The heat of a HEAT_TOKENS generation from bench_moe's warm-up prompt, saved for the runs."""
+    from colibri.model.generate import SingleSequence
+    from colibri.model.loader import Model
+    from colibri.model.sampling import Sampler, SamplingParams
+
+    model = Model(args.gguf, ram_budget=0)
+    seq = SingleSequence(model, len(bench_moe.WARMUP_PROMPT) + HEAT_TOKENS + 8, 64)
+    sampler, out = Sampler(SamplingParams(temperature=1.0, seed=bench_moe.SAMPLING_SEED + 1)), []
+    logits = seq.prefill(bench_moe.WARMUP_PROMPT)[-1]
+    for _ in range(HEAT_TOKENS):
+        out.append(sampler(logits, out))
+        logits = seq.step(np.array([out[-1]]), False)[-1]
+    np.save(args.heat, model.decoder.experts.heat)
+    return {}
+
+
+# -- the parent: cases, runs, the table ------------------------------------------------------------
+
+
+def worker_argv(side: str, gguf: Path, tokens: int, budget: float | None = None, heat: Path | None = None,
+                repack: bool = False) -> list[str]:
+    argv = [sys.executable, __file__, "worker", side, "--gguf", str(gguf), "--tokens", str(tokens)]
+    if budget is not None:
+        argv += ["--budget", str(budget)]
+    if heat is not None:
+        argv += ["--heat", str(heat)]
+    return argv + (["--repack"] if repack else [])
+
+
+def run_one(cap: MemoryCap, argv: list[str], gguf: Path, limit: int | None) -> dict:
+    bench_moe.drop_cache(gguf)
+    r = cap.run(argv, limit, RUN_TIMEOUT_S)
+    if r.returncode != 0:
+        return {"tok_s": 0.0, "oom": r.oom_killed, "cg_peak": r.peak_bytes, "rss": None,
+                "error": (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]}
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return {**out, "oom": False, "cg_peak": r.peak_bytes}
+
+
+def median_of(runs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def measure_case(cap: MemoryCap, args, limit_gb: float | None, budget: float | None, heat: Path) -> dict:
+    """Both sides' runs for one case, alternating; with no cap, llama.cpp both with and without
+    its repacking."""
+    limit = None if limit_gb is None else int(limit_gb * 1e9)
+    ways = {"colibri": worker_argv("colibri", args.gguf, args.tokens, budget, heat),
+            "llama.cpp": worker_argv("llama", args.gguf, args.tokens, repack=False)}
+    if limit_gb is None:
+        ways["llama.cpp repack"] = worker_argv("llama", args.gguf, args.tokens, repack=True)
+    runs: dict[str, list[dict]] = {way: [] for way in ways}
+    for i in range(args.runs):
+        for way, argv in ways.items():
+            runs[way].append(run_one(cap, argv, args.gguf, limit))
+            r = runs[way][-1]
+            print(f"    {way} run {i + 1}: {r['tok_s']:.2f} tok/s" + (" (OOM)" if r["oom"] else "")
+                  + (f" {r['error']}" if "error" in r else ""), flush=True)
+    return {way: {"tok_s": median_of(rs, "tok_s"), "cg_peak": median_of(rs, "cg_peak"),
+                  "rss": median_of(rs, "rss"), "oom": sum(r["oom"] for r in rs), "runs": len(rs)}
+            for way, rs in runs.items()}
+
+
+def gb(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e9:.2f}"
+
+
+def print_table(results: list[tuple[str, dict]], file_bytes: int) -> None:
+    print(f"\n{'case':<30}{'colibri':>9}{'llama.cpp':>11}{'ratio':>8}   peak GB (cgroup / RSS): "
+          f"colibri, llama.cpp   [file {file_bytes / 1e9:.2f} GB]")
+    for case, r in results:
+        c = r["colibri"]
+        peers = [w for w in r if w != "colibri" and r[w]["tok_s"]]
+        best = max(peers, key=lambda w: r[w]["tok_s"]) if peers else "llama.cpp"
+        p = r[best]
+        ratio = c["tok_s"] / p["tok_s"] if p["tok_s"] else float("inf")
+        note = f"  (llama.cpp: {best}" + (f", {p['oom']} OOM" if p["oom"] else "") + ")"
+        print(f"{case:<30}{c['tok_s']:9.2f}{p['tok_s'] or 0:11.2f}{ratio:7.2f}x   "
+              f"{gb(c['cg_peak'])} / {gb(c['rss'])}, {gb(p['cg_peak'])} / {gb(p['rss'])}{note}")
+        for w in peers:
+            if w != best:
+                print(f"{'':<30}{'':>9}{r[w]['tok_s']:11.2f}  ({w})")
+
+
+def parse_caps(text: str) -> list[tuple[float, float]]:
+    caps = []
+    for part in filter(None, text.split(",")):
+        cap, _, budget = part.partition(":")
+        caps.append((float(cap), float(budget)))
+    return caps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="mode")
+    w = sub.add_parser("worker")
+    w.add_argument("side", choices=("colibri", "llama", "heat"))
+    w.add_argument("--gguf", type=Path, required=True)
+    w.add_argument("--tokens", type=int, default=64)
+    w.add_argument("--budget", type=float, default=None, help="colibri's --ram-budget, GiB (none: no limit)")
+    w.add_argument("--heat", type=Path, default=None)
+    w.add_argument("--repack", action="store_true")
+    ap.add_argument("--gguf", type=Path, default=bench_moe.DEFAULT_GGUF)
+    ap.add_argument("--caps", default=DEFAULT_CAPS, help="CAP_GB:BUDGET_GIB,... (empty: uncapped only)")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--no-uncapped", action="store_true")
+    ap.add_argument("--json", type=Path, default=None, help="also write the medians here")
+    args = ap.parse_args()
+    if args.mode == "worker":
+        print(json.dumps({"colibri": work_colibri, "llama": work_llama, "heat": work_heat}[args.side](args)))
+        return
+    if not args.gguf.exists():
+        args.gguf.parent.mkdir(parents=True, exist_ok=True)
+        print(f"writing {args.gguf} ...", flush=True)
+        bench_moe.load_tool().write_synthetic_moe(args.gguf)
+    cap = MemoryCap.detect()
+    file_bytes = args.gguf.stat().st_size
+    print(f"model {args.gguf.name} ({file_bytes / 1e9:.2f} GB), {args.tokens} tokens sampled at "
+          f"temperature 1, {THREADS} threads, median of {args.runs}; cap: {cap.describe()}; "
+          f"{os.cpu_count()} CPUs", flush=True)
+    heat = CACHE / f"{args.gguf.stem}-heat.npy"
+    cap.run(worker_argv("heat", args.gguf, HEAT_TOKENS, heat=heat), None, RUN_TIMEOUT_S)
+    cases = [] if cap.method is None else [(f"cap {c:.1f} GB (--ram-budget {b})", c, b)
+                                           for c, b in parse_caps(args.caps)]
+    if cap.method is None and args.caps:
+        print(f"the capped cases are skipped: no way to cap memory here ({cap.why})")
+    if not args.no_uncapped:
+        cases.append(("no cap (--ram-budget inf)", None, None))
+    results = []
+    for name, limit_gb, budget in cases:
+        print(f"  {name}", flush=True)
+        results.append((name, measure_case(cap, args, limit_gb, budget, heat)))
+    print_table(results, file_bytes)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"cap": cap.describe(), "file_bytes": file_bytes,
+                                         "cases": dict(results)}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""The MoE benchmark against llama.cpp (``bench/bench_moe_peer.py``) and its memory cap
+(``bench/memcap.py``): the cap really caps (a process over it is killed, and says so), and the
+benchmark runs both engines on one small synthetic file, capped and not, printing the table.
+Speed is not asserted (the benchmark's figures are in docs/performance.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_expert_store import make_synthetic_moe
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from memcap import MemoryCap  # noqa: E402
+
+ALLOC = [sys.executable, "-c", "a = bytearray(300 << 20); a[::4096] = b'x' * len(a[::4096])"]
+
+
+@pytest.fixture(scope="module")
+def cap() -> MemoryCap:
+    cap = MemoryCap.detect()
+    if cap.method is None:
+        pytest.skip(f"no way to cap a process's memory on this machine: {cap.why}")
+    return cap
+
+
+def test_a_process_over_the_cap_is_killed_and_one_under_it_is_not(cap: MemoryCap):
+    over = cap.run(ALLOC, 150 << 20, timeout=120)
+    assert over.returncode != 0 and over.oom_killed
+    under = cap.run(ALLOC, 600 << 20, timeout=120)
+    assert under.returncode == 0 and not under.oom_killed
+    if under.peak_bytes is not None:  # the cgroup's peak saw the 300 MB
+        assert 300 << 20 <= under.peak_bytes <= 600 << 20
+
+
+def test_the_benchmark_runs_both_engines_capped_and_not(cap: MemoryCap, tmp_path: Path):
+    gguf = make_synthetic_moe.write_synthetic_moe(
+        tmp_path / "moe.gguf", n_layers=2, n_experts=8, n_used=2, n_embd=256, n_ff=256, n_vocab=4096)
+    out = tmp_path / "table.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_moe_peer.py"), "--gguf", str(gguf),
+         "--caps", "0.8:0.001", "--runs", "1", "--tokens", "4", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    cases = json.loads(out.read_text())["cases"]
+    assert set(cases) == {"cap 0.8 GB (--ram-budget 0.001)", "no cap (--ram-budget inf)"}
+    assert set(cases["no cap (--ram-budget inf)"]) == {"colibri", "llama.cpp", "llama.cpp repack"}
+    for name, ways in cases.items():
+        for way, r in ways.items():
+            assert r["tok_s"] > 0 and r["oom"] == 0 and r["rss"] > 0, (name, way, r)
+    assert "no cap (--ram-budget inf)" in run.stdout  # the table is printed
