@@ -12,6 +12,12 @@ BROWSER_STAMP := $(VENV)/.browser-installed
 CHROMIUM := /usr/bin/chromium
 BROWSER_NOTE := $(VENV)/.browser-missing
 BROWSER_LOG := $(VENV)/.browser-apt.log
+# Debian's nginx for the replicas test (tests/test_deploy_nginx.py), installed as chromium is: the
+# reason it could not be goes to $(NGINX_NOTE), and that test skips with it.
+NGINX_STAMP := $(VENV)/.nginx-installed
+NGINX := /usr/sbin/nginx
+NGINX_NOTE := $(VENV)/.nginx-missing
+NGINX_LOG := $(VENV)/.nginx-apt.log
 # llama.cpp as the benchmark peer: the default native build crashes in its AMX path on these
 # machines (see tests/data/golden/README.md).
 PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
@@ -52,12 +58,12 @@ FAST_COUNTS := COLI_CRASH_ROUNDS=20 COLI_LEAK_SAMPLES=96 COLI_SCREENSHOT_DIR=tes
 # process, as plain pytest (a single file, `-s` debugging).
 WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
-test: install $(PEER_STAMP) $(BROWSER_STAMP)
+test: install $(PEER_STAMP) $(BROWSER_STAMP) $(NGINX_STAMP)
 	$(BIN)/ruff check colibri tests bench tools fuzz
 	$(BIN)/lint-imports
 	$(FAST_COUNTS) $(PYTEST)
 
-test-long: install $(PEER_STAMP) $(BROWSER_STAMP)
+test-long: install $(PEER_STAMP) $(BROWSER_STAMP) $(NGINX_STAMP)
 	COLI_CRASH_ROUNDS=100 COLI_LEAK_SAMPLES=200 COLI_SCREENSHOT_DIR=test-artifacts $(PYTEST)
 
 screenshots: install $(BROWSER_STAMP)
@@ -97,6 +103,30 @@ $(BROWSER_STAMP): | $(VENV)/bin/python
 		fi; \
 	fi; \
 	if [ -x $(CHROMIUM) ]; then echo "browser: $$($(CHROMIUM) --version 2>/dev/null)"; fi; \
+	touch $@
+
+# nginx from apt, once, the same way (never fails the make; `rm $(NGINX_STAMP)` to try again).
+# RUNLEVEL=1: the package's postinst must not start a system nginx on port 80; the test runs its own
+# with `nginx -p DIR -c FILE`.
+$(NGINX_STAMP): | $(VENV)/bin/python
+	@rm -f $(NGINX_NOTE); why=""; \
+	if [ ! -x $(NGINX) ]; then \
+		if ! command -v apt-get >/dev/null 2>&1; then why="apt-get is not available"; \
+		elif [ "$$(id -u)" != 0 ]; then why="apt-get needs root (as root: apt-get install nginx)"; \
+		else \
+			echo "installing nginx with apt-get (for the replicas test)"; \
+			export DEBIAN_FRONTEND=noninteractive RUNLEVEL=1; \
+			apt-get -qq update >$(NGINX_LOG) 2>&1 || true; \
+			apt-get -qq install -y --no-install-recommends nginx >>$(NGINX_LOG) 2>&1 \
+				|| why="apt-get install nginx failed: $$(grep -E '^(E|W):' $(NGINX_LOG) \
+					| uniq | tail -n 2 | tr '\n' ' ')"; \
+		fi; \
+		if [ ! -x $(NGINX) ]; then \
+			why="$${why:-apt-get installed no $(NGINX)}"; \
+			echo "nginx: $$why; the replicas test will skip"; echo "$$why" > $(NGINX_NOTE); \
+		fi; \
+	fi; \
+	if [ -x $(NGINX) ]; then echo "nginx: $$($(NGINX) -v 2>&1)"; fi; \
 	touch $@
 
 # The issue-15 table, colibri against llama.cpp on the same file, 2 threads each: the default model

@@ -30,3 +30,26 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
     )
     problems = [line for line in (proc.stdout + proc.stderr).splitlines() if "coli.service" in line]
     assert proc.returncode == 0 and not problems, proc.stdout + proc.stderr
+
+
+TEMPLATE = UNIT.with_name("coli@.service")
+
+
+def test_template_gives_each_instance_its_port_and_state():
+    text = TEMPLATE.read_text()
+    assert "--port %i" in text and "--replica-id %H:%i" in text
+    assert "StateDirectory=colibri/%i" in text and "COLI_STATE_DIR=/var/lib/colibri/%i" in text
+    assert "Type=notify" in text and "RestartPreventExitStatus=2" in text  # as the single unit
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
+def test_systemd_analyze_verify_accepts_an_instance(tmp_path):
+    coli = Path(sys.executable).parent / "coli"
+    # an instance file beside its template: verify loads it as coli@8001 with %i = 8001
+    unit = tmp_path / "coli@8001.service"
+    unit.write_text(TEMPLATE.read_text().replace("/opt/colibri/.venv/bin/coli", str(coli)))
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
+    )
+    problems = [line for line in (proc.stdout + proc.stderr).splitlines() if "coli@" in line]
+    assert proc.returncode == 0 and not problems, proc.stdout + proc.stderr
