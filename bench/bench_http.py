@@ -1,6 +1,7 @@
 """Decode throughput through ``coli serve`` (HTTP, SSE) versus the engine protocol directly.
 
     python bench/bench_http.py [--model PATH] [--runs 7] [--tokens 64] [--streams 1,4]
+    python bench/bench_http.py --nginx [--runs 5] [--tokens 64]    (replicas behind nginx, issue 17)
 
 Two processes side by side, each with 4 KV slots and no persistence: ``coli engine`` driven over
 its stdin/stdout (mux protocol), and ``coli serve`` on a loopback port driven with streaming chat
@@ -20,6 +21,13 @@ is measured, on both sides alike (a Python reader of each protocol). A second ta
 time per generated token of the client, the HTTP server and the engine (from /proc): the server's
 share of the engine's is the HTTP layer's cost in CPU, a figure that the speed of a shared or
 busy machine moves far less than the rates.
+
+``--nginx``: 8 concurrent streams (no ``cache_slot``) into one ``coli serve`` with 8 slots, against
+the same 8 through nginx (``coli deploy nginx``) into two replicas of 4 slots each, 4 streams per
+replica (conversation keys chosen by where the hash sends them); runs alternate. Then nginx's cost
+per request: a one-token generation sent to a replica directly and through nginx, in turn, the
+median difference of their latencies, and nginx's own figure from its access log (request_time
+less upstream_response_time).
 """
 
 from __future__ import annotations
@@ -170,12 +178,19 @@ class Engine:
 
 
 class Server:
-    """``coli serve`` on a free loopback port; stderr to a file, read for the address."""
+    """``coli serve`` on a free loopback port; stderr to a file, read for the address. ``url``: where
+    the streams are sent (nginx in front, for --nginx); ``sessions``: their X-Session-Id headers,
+    and then no cache_slot (the replica chooses)."""
 
-    def __init__(self, model: Path) -> None:
+    url: str
+    target: str | None = None
+    sessions: list[str] | None = None
+
+    def __init__(self, model: Path, slots: int = SLOTS, name: str = "") -> None:
         self.log = Path(tempfile.mkdtemp(prefix="coli-bench-http-")) / "stderr.log"
         cmd = [sys.executable, "-m", "colibri", "serve", "--model", str(model), "--port", "0",
-               "--no-persist", "--kv-slots", str(SLOTS), "--max-queue", "8"]
+               "--no-persist", "--kv-slots", str(slots), "--max-queue", "8"]
+        cmd += ["--replica-id", name] if name else []
         with self.log.open("wb") as err:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=err, env=clean_env())
@@ -198,13 +213,19 @@ class Server:
     async def _run(self, questions: list[str], tokens: int) -> tuple[float, int]:
         arrivals: list[list[float]] = [[] for _ in questions]
         usage = [0] * len(questions)
+        target = self.target or self.url
 
         async def one(i: int, client: httpx.AsyncClient, go: trio.Event) -> None:
             body = {"model": "bench", "messages": [{"role": "user", "content": questions[i]}],
                     "max_tokens": tokens, "temperature": 0, "stream": True, "cache_slot": i,
                     "stream_options": {"include_usage": True}}
+            headers = {}
+            if self.sessions is not None:
+                del body["cache_slot"]
+                headers["X-Session-Id"] = self.sessions[i]
             await go.wait()
-            async with client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
+            url = f"{target}/v1/chat/completions"
+            async with client.stream("POST", url, json=body, headers=headers) as r:
                 if r.status_code != 200:
                     raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread())[:300]!r}")
                 async for line in r.aiter_lines():
@@ -223,7 +244,7 @@ class Server:
 
         async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
             for _ in questions:  # connections opened beforehand: the run measures streaming, not TCP
-                await client.get(f"{self.url}/health")
+                await client.get(f"{target}/health")
             go = trio.Event()
             async with trio.open_nursery() as nursery:
                 for i in range(len(questions)):
@@ -244,16 +265,26 @@ class Server:
             self.proc.wait()
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", help="GGUF file (default: the default model)")
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--streams", default="1,4")
+    ap.add_argument("--nginx", action="store_true", help="two replicas behind nginx against one (issue 17)")
+    return ap
+
+
+def main() -> None:
+    ap = _parser()
     args = ap.parse_args()
     from colibri.settings import default_model_path
 
     model = Path(args.model) if args.model else default_model_path()
+    if args.nginx:
+        from bench_nginx import replicas_main
+
+        return replicas_main(model, Server, args.runs, args.tokens)
     streams = [int(x) for x in args.streams.split(",")]
     if max(streams) > SLOTS:
         ap.error(f"at most {SLOTS} streams")
