@@ -19,19 +19,6 @@ def test_unit_declares_notify_and_drain():
     assert "RestartPreventExitStatus=2" in text  # a configuration error is not retried for ever
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
-def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
-    # the unit names /opt/colibri; verify checks that ExecStart exists, so point it at this checkout
-    coli = Path(sys.executable).parent / "coli"
-    unit = tmp_path / "coli.service"
-    unit.write_text(UNIT.read_text().replace("/opt/colibri/.venv/bin/coli", str(coli)))
-    proc = subprocess.run(
-        ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
-    )
-    problems = [line for line in (proc.stdout + proc.stderr).splitlines() if "coli.service" in line]
-    assert proc.returncode == 0 and not problems, proc.stdout + proc.stderr
-
-
 TEMPLATE = UNIT.with_name("coli@.service")
 
 
@@ -42,14 +29,18 @@ def test_template_gives_each_instance_its_port_and_state():
     assert "Type=notify" in text and "RestartPreventExitStatus=2" in text  # as the single unit
 
 
+# The units name /opt/colibri; verify checks that ExecStart exists, so each is pointed at this
+# checkout. An instance file beside its template loads as coli@8001, with %i = 8001.
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed")
-def test_systemd_analyze_verify_accepts_an_instance(tmp_path):
+@pytest.mark.parametrize("source,name,marker", [(UNIT, "coli.service", "coli.service"),
+                                                (TEMPLATE, "coli@8001.service", "coli@")],
+                         ids=["unit", "instance"])
+def test_systemd_analyze_verify_accepts_the_unit(tmp_path, source: Path, name: str, marker: str):
     coli = Path(sys.executable).parent / "coli"
-    # an instance file beside its template: verify loads it as coli@8001 with %i = 8001
-    unit = tmp_path / "coli@8001.service"
-    unit.write_text(TEMPLATE.read_text().replace("/opt/colibri/.venv/bin/coli", str(coli)))
+    unit = tmp_path / name
+    unit.write_text(source.read_text().replace("/opt/colibri/.venv/bin/coli", str(coli)))
     proc = subprocess.run(
         ["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60
     )
-    problems = [line for line in (proc.stdout + proc.stderr).splitlines() if "coli@" in line]
+    problems = [line for line in (proc.stdout + proc.stderr).splitlines() if marker in line]
     assert proc.returncode == 0 and not problems, proc.stdout + proc.stderr
