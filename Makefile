@@ -81,53 +81,40 @@ $(PEER_STAMP): $(STAMP)
 	CMAKE_ARGS="$(PEER_CMAKE_ARGS)" $(BIN)/pip install -q -e '.[peer]'
 	@touch $@
 
-# Chromium from apt for the browser tests, once. It never fails the make: without root, apt-get or
-# the network it says why (also into $(BROWSER_NOTE)) and the browser tests skip with that reason;
-# `rm $(BROWSER_STAMP)` to try again. fonts-liberation: readable text in the screenshots.
-$(BROWSER_STAMP): | $(VENV)/bin/python
-	@rm -f $(BROWSER_NOTE); why=""; \
-	if [ ! -x $(CHROMIUM) ]; then \
+# A Debian package from apt for the tests that drive it, once: $(call apt_once,NAME,BINARY,PACKAGES,
+# LOG,NOTE,WHAT FOR,VERSION COMMAND). It never fails the make: without root, apt-get or the network
+# it says why (also into NOTE) and those tests skip with that reason; `rm` the stamp to try again.
+# RUNLEVEL=1: a package's postinst must not start a system service (nginx on port 80): the tests
+# run their own.
+define apt_once
+	@rm -f $(5); why=""; \
+	if [ ! -x $(2) ]; then \
 		if ! command -v apt-get >/dev/null 2>&1; then why="apt-get is not available"; \
-		elif [ "$$(id -u)" != 0 ]; then why="apt-get needs root (as root: apt-get install chromium)"; \
+		elif [ "$$(id -u)" != 0 ]; then why="apt-get needs root (as root: apt-get install $(3))"; \
 		else \
-			echo "installing chromium with apt-get (for the web console's browser tests)"; \
-			export DEBIAN_FRONTEND=noninteractive; \
-			apt-get -qq update >$(BROWSER_LOG) 2>&1 || true; \
-			apt-get -qq install -y --no-install-recommends chromium fonts-liberation >>$(BROWSER_LOG) 2>&1 \
-				|| why="apt-get install chromium failed: $$(grep -E '^(E|W):' $(BROWSER_LOG) \
-					| uniq | tail -n 2 | tr '\n' ' ')"; \
-		fi; \
-		if [ ! -x $(CHROMIUM) ]; then \
-			why="$${why:-apt-get installed no $(CHROMIUM)}"; \
-			echo "chromium: $$why; the browser tests will skip"; echo "$$why" > $(BROWSER_NOTE); \
-		fi; \
-	fi; \
-	if [ -x $(CHROMIUM) ]; then echo "browser: $$($(CHROMIUM) --version 2>/dev/null)"; fi; \
-	touch $@
-
-# nginx from apt, once, the same way (never fails the make; `rm $(NGINX_STAMP)` to try again).
-# RUNLEVEL=1: the package's postinst must not start a system nginx on port 80; the test runs its own
-# with `nginx -p DIR -c FILE`.
-$(NGINX_STAMP): | $(VENV)/bin/python
-	@rm -f $(NGINX_NOTE); why=""; \
-	if [ ! -x $(NGINX) ]; then \
-		if ! command -v apt-get >/dev/null 2>&1; then why="apt-get is not available"; \
-		elif [ "$$(id -u)" != 0 ]; then why="apt-get needs root (as root: apt-get install nginx)"; \
-		else \
-			echo "installing nginx with apt-get (for the replicas test)"; \
+			echo "installing $(1) with apt-get (for $(6))"; \
 			export DEBIAN_FRONTEND=noninteractive RUNLEVEL=1; \
-			apt-get -qq update >$(NGINX_LOG) 2>&1 || true; \
-			apt-get -qq install -y --no-install-recommends nginx >>$(NGINX_LOG) 2>&1 \
-				|| why="apt-get install nginx failed: $$(grep -E '^(E|W):' $(NGINX_LOG) \
+			apt-get -qq update >$(4) 2>&1 || true; \
+			apt-get -qq install -y --no-install-recommends $(3) >>$(4) 2>&1 \
+				|| why="apt-get install $(1) failed: $$(grep -E '^(E|W):' $(4) \
 					| uniq | tail -n 2 | tr '\n' ' ')"; \
 		fi; \
-		if [ ! -x $(NGINX) ]; then \
-			why="$${why:-apt-get installed no $(NGINX)}"; \
-			echo "nginx: $$why; the replicas test will skip"; echo "$$why" > $(NGINX_NOTE); \
+		if [ ! -x $(2) ]; then \
+			why="$${why:-apt-get installed no $(2)}"; \
+			echo "$(1): $$why; $(6) will skip"; echo "$$why" > $(5); \
 		fi; \
 	fi; \
-	if [ -x $(NGINX) ]; then echo "nginx: $$($(NGINX) -v 2>&1)"; fi; \
+	if [ -x $(2) ]; then echo "$(1): $$($(7))"; fi; \
 	touch $@
+endef
+
+# Chromium for the web console's browser tests; fonts-liberation: readable text in the screenshots.
+$(BROWSER_STAMP): | $(VENV)/bin/python
+	$(call apt_once,chromium,$(CHROMIUM),chromium fonts-liberation,$(BROWSER_LOG),$(BROWSER_NOTE),the web console's browser tests,$(CHROMIUM) --version 2>/dev/null)
+
+# nginx for the replicas test (tests/test_deploy_nginx.py runs it with `nginx -p DIR -c FILE`).
+$(NGINX_STAMP): | $(VENV)/bin/python
+	$(call apt_once,nginx,$(NGINX),nginx,$(NGINX_LOG),$(NGINX_NOTE),the replicas test,$(NGINX) -v 2>&1)
 
 # The issue-15 table, colibri against llama.cpp on the same file, 2 threads each: the default model
 # and its Q4_K_M requantization (made once by llama.cpp's quantizer, cached in .bench-cache/ with
