@@ -217,6 +217,7 @@ def main() -> None:
           f"temperature 1, {THREADS} threads, median of {args.runs}; cap: {cap.describe()}; "
           f"{os.cpu_count()} CPUs", flush=True)
     heat = CACHE / f"{args.gguf.stem}-heat.npy"
+    CACHE.mkdir(parents=True, exist_ok=True)  # the heat worker writes there, on a new machine too
     cap.run(worker_argv("heat", args.gguf, HEAT_TOKENS, heat=heat), None, RUN_TIMEOUT_S)
     cases = [] if cap.method is None else [(f"cap {c:.1f} GB (--ram-budget {b})", c, b)
                                            for c, b in parse_caps(args.caps)]
