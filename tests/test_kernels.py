@@ -3,10 +3,16 @@ block type, stacked weights), row dequantization, RMSNorm, RoPE, SwiGLU and atte
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import llvmlite.binding as llvm
 import numpy as np
 import pytest
 
 from colibri.model.kernels.attention import attend, store_kv
+from colibri.model.kernels.int8_matmul import int8_matmul
 from colibri.model.kernels.ops import add_into, rmsnorm, rope, rope_frequencies, swiglu
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store.blocks import IN_PLACE
@@ -26,11 +32,30 @@ def quantized(rng: np.random.Generator, n: int, k: int, gtype: GGMLType) -> tupl
     return raw, dequantize(raw, gtype, n * k).reshape(n, k)
 
 
+def rounded_activations(x: np.ndarray) -> np.ndarray:
+    """x as the integer matmul sees it: three 8-bit levels per 32 values, Q8_0's rounding (scale
+    max / 127, ties to even) and then each remainder's on a step 254 times finer, in float32."""
+    blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    d = np.abs(blocks).max(-1, keepdims=True) / np.float32(127.0)
+    inv = np.where(d > 0, np.float32(1.0) / np.where(d > 0, d, np.float32(1.0)), np.float32(0.0))
+    rest, seen = blocks.copy(), np.zeros_like(blocks)
+    for _ in range(3):
+        part = np.clip(np.rint(rest * inv), -127, 127) * d
+        seen, rest = seen + part, rest - part
+        d, inv = d / np.float32(254.0), inv * np.float32(254.0)
+    return seen.reshape(x.shape)
+
+
 def check_matmul(x: np.ndarray, weight, ref_w: np.ndarray) -> None:
-    ref = x.astype(np.float64) @ ref_w.T.astype(np.float64)
-    # float32 rounding scales with the terms summed, not with a result that may cancel to ~0
-    bound = 1e-4 * (np.abs(x).astype(np.float64) @ np.abs(ref_w).T.astype(np.float64)) + 1e-6
+    """Every path against float64 numpy on the same numbers: packed Q4 and Q8's direct rows see
+    their activations rounded to three 8-bit levels first (the integer dot products are then exact,
+    only the scaling rounds)."""
+    direct_x = rounded_activations(x) if weight.kind in (KIND_Q4, KIND_Q8) else x
     for n_direct in sorted({0, x.shape[0] // 2, x.shape[0]}):  # all tiled, mixed, all direct
+        seen = np.concatenate([direct_x[:n_direct], x[n_direct:]])
+        ref = seen.astype(np.float64) @ ref_w.T.astype(np.float64)
+        # float32 rounding scales with the terms summed, not with a result that may cancel to ~0
+        bound = 1e-4 * (np.abs(seen).astype(np.float64) @ np.abs(ref_w).T.astype(np.float64)) + 1e-6
         out = np.full((x.shape[0], ref_w.shape[0]), np.nan, np.float32)
         qmatmul(x, weight, out, n_direct)
         err = np.abs(out - ref)
@@ -56,18 +81,64 @@ def test_qmatmul_matches_dequantized_reference(gtype: GGMLType, n: int, k: int):
 
 @pytest.mark.parametrize("gtype", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0], ids=lambda t: t.name)
 def test_qmatmul_paths_agree_and_direct_rows_are_batch_independent(gtype: GGMLType):
-    """The two paths agree within rounding; a direct row is bitwise the same alone or batched
+    """The two paths agree within the direct path's activation rounding (half a third-level
+    step of each value's block, times |w|) and float32's; a direct row is bitwise the same alone or batched
     (the engine's batched greedy output must equal the output of a request run alone)."""
     rng = np.random.default_rng(5)
-    raw, _ = quantized(rng, 300, 128, gtype)
+    raw, ref_w = quantized(rng, 300, 128, gtype)
     weight = make_weight([(raw, int(gtype))], 128)
     x = rng.standard_normal((17, 128)).astype(np.float32)
     tiled = np.empty((17, 300), np.float32)
     qmatmul(x, weight, tiled, 0)
     direct = np.empty((17, 300), np.float32)
     qmatmul(x, weight, direct, 17)
-    np.testing.assert_allclose(direct, tiled, rtol=1e-4, atol=1e-4)
+    half_step = np.repeat(np.abs(x).reshape(17, -1, 32).max(-1) / (127 * 254 * 254 * 2), 32, axis=1)
+    bound = half_step @ np.abs(ref_w).T + 1e-4 * (np.abs(x) @ np.abs(ref_w).T)
+    assert np.all(np.abs(direct - tiled) <= bound), float((np.abs(direct - tiled) / bound).max())
     assert_direct_rows_alone_equal_batched(x, weight, direct, (0, 7, 16))
+
+
+# Weights of every packed shape: Q4 with derived and stored offsets, Q8 in 32- and 16-value blocks.
+GENERIC_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q6_K")
+_GENERIC_SCRIPT = """
+import sys
+import numpy as np
+from colibri.model.kernels.int8_matmul import int8_matmul
+from colibri.model.kernels.simd import target_has_vnni
+from colibri.store.formats import GGMLType, quantize
+from colibri.store.packed import make_weight
+assert not target_has_vnni()
+rng = np.random.default_rng(21)
+outs = []
+for name in sys.argv[2:]:
+    raw = quantize(rng.standard_normal((45, 256)).astype(np.float32), GGMLType[name]).reshape(45, -1)
+    w = make_weight([(raw, int(GGMLType[name]))], 256)
+    out = np.zeros((6, 45), np.float32)
+    int8_matmul(rng.standard_normal((6, 256)).astype(np.float32), w, out)
+    outs.append(out)
+np.save(sys.argv[1], np.stack(outs))
+"""
+
+
+def test_the_generic_dot_product_gives_the_vnni_bits(tmp_path):
+    """Compiled for a CPU without AVX-512 VNNI (numba's target features, in a fresh cache),
+    ``dpbusd`` is plain integer IR: the same products, bit for bit, as on this machine."""
+    features = llvm.get_host_cpu_features()
+    for name in ("avx512vnni", "avxvnni"):
+        if name in features:
+            features[name] = False
+    env = dict(os.environ, NUMBA_CPU_FEATURES=features.flatten(), NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+    subprocess.run([sys.executable, "-c", _GENERIC_SCRIPT, str(tmp_path / "out.npy"), *GENERIC_TYPES],
+                   env=env, check=True, timeout=600)
+    theirs = np.load(tmp_path / "out.npy")
+    rng = np.random.default_rng(21)
+    for i, name in enumerate(GENERIC_TYPES):
+        gtype = GGMLType[name]
+        w = make_weight([(quantize(rng.standard_normal((45, 256)).astype(np.float32), gtype).reshape(45, -1),
+                          int(gtype))], 256)
+        ours = np.zeros((6, 45), np.float32)
+        int8_matmul(rng.standard_normal((6, 256)).astype(np.float32), w, ours)
+        assert np.array_equal(ours, theirs[i]), name
 
 
 def assert_direct_rows_alone_equal_batched(x: np.ndarray, weight, batched: np.ndarray, rows) -> None:

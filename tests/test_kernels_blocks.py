@@ -141,7 +141,7 @@ def test_a_stack_mixing_types_is_the_concatenation_and_keeps_the_files_bytes(lan
     weight = make_weight(parts, k, lanes=lanes)
     assert weight.n_rows == 72 and weight.f.size == 0
     if lanes:
-        assert weight.kind == KIND_Q8 and weight.q.shape[1:3] == (k // 16, 16)
+        assert weight.kind == KIND_Q8 and weight.q.shape[1:] == (k // 16, 4, 128)
     else:
         assert weight.kind == KIND_BLOCKS and weight.q.size == 0
         assert weight.raw.nbytes == raw0.nbytes + raw1.nbytes + raw2.nbytes

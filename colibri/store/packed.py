@@ -3,22 +3,27 @@
 GGUF stores a matrix row by row, each row a run of blocks with their own scale. A kernel walking a
 row must reduce every block horizontally, which SIMD does badly, so each quantized matrix is
 *packed* once (at load, or when an expert is fetched): GROUP rows are interleaved block by block,
+four quant bytes of a row together,
 
-    q[g, b, j, r]   quant j of block b of row GROUP*g + r   (Q4: a byte of two nibbles, Q8: q + 128)
-    d[g, b, r]      that block's scale;  m[g, b, r] its offset (Q4_1's min; none kept where every
-                    part's offset is OFFSET_Q4 d or OFFSET_Q8 d: OFFSETS_Q4, OFFSETS_Q8)
+    q[g, b, p, 4 r + k]   quant byte 4 p + k of block b of row GROUP*g + r  (Q4: a byte of two
+                          nibbles, quants j and j + 16, as in the file; Q8: q + 128)
+    d[g, b, r]            that block's scale;  m[g, b, r] its offset (Q4_1's min; none kept where
+                          every part's offset is OFFSET_Q4 d or OFFSET_Q8 d: OFFSETS_Q4, OFFSETS_Q8)
 
-so the rows of a group are SIMD lanes (``colibri.model.kernels.quant_matmul``). The bits stay 4- or
-8-bit; only the scales widen to float32. Float formats, and stacks that mix kinds, are widened to
-float32 rows. Packing is deterministic, so a resident copy and one packed from the file on a miss
-give the same bits. The formats themselves are the table in ``formats.py``. The other formats (Q5,
-the K-quants, IQ4) are re-expressed as ``d q + m`` into these lanes (``colibri.store.lanes``), or,
+so that one 64-byte vector holds four consecutive quants of each of 16 rows: the 32-bit lanes of
+an integer dot product (``colibri.model.kernels.int8_matmul``), one lane per row, and no
+horizontal sums. The bits stay 4- or 8-bit; only the scales widen to float32. Float formats, and
+stacks that mix kinds, are widened to float32 rows. Packing is deterministic, so a resident copy
+and one packed from the file on a miss give the same bits. The formats themselves are the table in
+``formats.py``. The other formats (Q5, the K-quants, IQ4) are re-expressed as ``d q + m`` into
+these lanes (``colibri.store.lanes``), or,
 with ``lanes=False`` (the expert store), keep the file's blocks (``Kind.BLOCKS``, decoded by
 ``colibri.store.blocks``), no bigger than the file.
 
-numba widens integer arithmetic on small types to int64, which quarters the SIMD lanes; nibbles are
-therefore split in float32 arithmetic (``nibbles``) and Q8_0's quants kept *biased* (``q + 128``,
-an unsigned byte, with ``m = -128 d``): a byte converts to float32 in one vector instruction.
+Q8_0's quants are kept *biased* (``q + 128``, an unsigned byte, with ``m = -128 d``): the integer
+dot product multiplies unsigned weight bytes by signed activation bytes, and a byte converts to
+float32 in one vector instruction on the tiled path, where numba's own loops (which widen small
+integers to int64) split nibbles in float32 arithmetic (``nibbles``).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ GROUP = 32
 # Quant bytes per block per row in the packed layout: Q4 keeps two nibbles a byte, Q8 one quant.
 Q4_BYTES = BLOCK // 2
 Q8_BYTES = BLOCK
+# Quant bytes of one row side by side in the layout: one 32-bit lane of the integer dot product.
+QUAD = 4
 
 # The offset m of Q4_0 and Q8_0 blocks, a fixed multiple of d: a matrix of only those keeps no m
 # (a fifth fewer bytes to read per Q4_0 weight, a tenth per Q8_0 one) and the kernels derive it.
@@ -66,7 +73,7 @@ class Weight(NamedTuple):
 
     kind: int
     n_rows: int
-    q: np.ndarray  # uint8 [G, nb, Q4_BYTES or Q8_BYTES, GROUP]
+    q: np.ndarray  # uint8 [G, nb, quant bytes per block / 4, 4 GROUP]
     d: np.ndarray  # float32 [G, nb, GROUP]
     m: np.ndarray  # float32 [G, nb, GROUP]
     f: np.ndarray  # float32 [N, K], for the float formats
@@ -152,7 +159,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
     if kind != KIND_F32:
         per = Q4_BYTES if kind == KIND_Q4 else _q8_block([t for _, t in parts])
         groups, n_blocks = -(-n_rows // GROUP), n_cols // (BLOCK if kind == KIND_Q4 else per)
-        q = np.zeros((groups, n_blocks, per, GROUP), np.uint8)
+        q = np.zeros((groups, n_blocks, per // QUAD, QUAD * GROUP), np.uint8)
         d = np.zeros((groups, n_blocks, GROUP), np.float32)
         derived = _derived_offsets([t for _, t in parts], kind)
         m = _EMPTY_S if derived else np.zeros((groups, n_blocks, GROUP), np.float32)
@@ -229,8 +236,8 @@ def _pack_rows(raw: np.ndarray, size: int, quants_at: int, min_at: int, offset_s
             elif m.size:  # else derived by the kernels (OFFSET_Q4, OFFSET_Q8)
                 m[g, b, lane] = np.float32(offset_scale) * scale
             qs = q[g, b]
-            for j in range(q.shape[2]):
-                qs[j, lane] = row[base + quants_at + j] ^ flip
+            for j in range(q.shape[2] * QUAD):
+                qs[j // QUAD, QUAD * lane + j % QUAD] = row[base + quants_at + j] ^ flip
 
 
 @nb.njit(**JIT_OPTIONS)
@@ -238,14 +245,14 @@ def _pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarr
                 m: np.ndarray) -> None:
     """Raw rows of a format that fits the layout but is not its kind's own (``lanes.py``) into
     rows ``row0..``: Q4 takes two 4-bit quants a byte (j and j + 16), Q8 one, in blocks of 32
-    values or (``q.shape[2]`` 16) of 16."""
+    values or (``q.shape[2]`` 4 quads) of 16."""
     qs = np.empty(n_cols, np.uint8)
     ds = np.empty(q.shape[1], np.float32)
     ms = np.empty(q.shape[1], np.float32)
     d32 = np.empty(n_cols // BLOCK, np.float32)
     m32 = np.empty(n_cols // BLOCK, np.float32)
-    four_bit = q.shape[1] * BLOCK == n_cols and q.shape[2] == Q4_BYTES
-    per = BLOCK if four_bit else q.shape[2]  # values per block
+    four_bit = q.shape[1] * BLOCK == n_cols and q.shape[2] * QUAD == Q4_BYTES
+    per = BLOCK if four_bit else q.shape[2] * QUAD  # values per block
     for r in range(raw.shape[0]):
         g, lane = divmod(row0 + r, GROUP)
         if per == BLOCK:
@@ -259,10 +266,11 @@ def _pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarr
             at = b * per
             if four_bit:
                 for j in range(Q4_BYTES):
-                    q[g, b, j, lane] = qs[at + j] | (qs[at + Q4_BYTES + j] << np.uint8(4))
+                    byte = qs[at + j] | (qs[at + Q4_BYTES + j] << np.uint8(4))
+                    q[g, b, j // QUAD, QUAD * lane + j % QUAD] = byte
             else:
                 for j in range(per):
-                    q[g, b, j, lane] = qs[at + j]
+                    q[g, b, j // QUAD, QUAD * lane + j % QUAD] = qs[at + j]
 
 
 @nb.njit(**JIT_OPTIONS)

@@ -1,0 +1,224 @@
+"""``out = x @ W.T`` for packed Q4 and Q8 weights and a few activation rows (decode): integer dot
+products on 8-bit activations.
+
+Each activation row is first written as three 8-bit levels per 32 values,
+``x ~ d1 q1 + d2 q2 + d3 q3``: ``q1`` llama.cpp's Q8_0 rounding (``d1 = max|x| / 127``, ties to
+even), each next level the remainder rounded again on a step 254 times finer. Every weight block
+is then three exact integer dot products (``simd.dpbusd``: 64 u8 x s8 products an instruction),
+scaled once in float32 by the blocks' scales. One level alone (llama.cpp's way) moved the default
+model's logits by up to 2 between a prompt run whole and token by token (a hair's difference
+before rounding flips a quant, and 30 layers amplify it), two levels by 0.007; three keep a
+decode row within float32's noise of the float product. The extra levels cost a dot product per
+weight vector each and no memory traffic, which is what a decode step waits on.
+
+In the packed layout (``colibri.store.packed``) the 4 bytes of a 32-bit lane are four consecutive
+quants of one weight row and a vector's 16 lanes are 16 rows: a block needs no horizontal sum,
+and each weight vector is loaded and split into nibbles once for four activation rows. Every
+row's sums take the same steps whatever the number of rows, so its result is bitwise the same
+alone or batched.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from colibri.model.kernels.simd import (
+    LANES,
+    add_int,
+    dpbusd,
+    fma_float,
+    high_nibbles,
+    load_bytes,
+    load_floats,
+    load_quad,
+    low_nibbles,
+    mul_float,
+    splat_float,
+    splat_int,
+    store_floats,
+    to_float,
+    zeros_float,
+    zeros_int,
+)
+from colibri.store.formats import BLOCK
+from colibri.store.packed import GROUP, JIT_OPTIONS, KIND_Q4, OFFSET_Q4, OFFSET_Q8, Weight
+
+_JIT = JIT_OPTIONS
+# Activation rows sharing one load of a weight vector: 4 rows keep 8 integer and 4 float
+# accumulators, the weights and their nibbles in registers (32 on AVX-512).
+ROWS = 4
+# Bytes of a packed block's quad p, across a group's rows: GROUP rows x 4 bytes.
+QUAD_BYTES = 4 * GROUP
+# The fixed offsets of Q4_0 and Q8_0 (m = OFFSET d) as integers: applied in the integer sum.
+_OFF_Q4, _OFF_Q8 = int(OFFSET_Q4), int(OFFSET_Q8)
+assert _OFF_Q4 == OFFSET_Q4 and _OFF_Q8 == OFFSET_Q8
+# The quant range of every level, and how much finer each level's step is than the one before:
+# a remainder is within half a step, so 2 x 127 finer steps span it.
+Q_MAX = np.float32(127.0)
+FINER = np.float32(254.0)
+# Levels of 8-bit activation quants: three reach float32's own precision (127 x 254 x 254 steps
+# per block's range, 23 bits), so that a decode row is its prompt row's float product within
+# float32's noise (``tests/test_golden.py``: a prompt run token by token is the prompt run whole).
+LEVELS = 3
+
+
+@nb.njit(**_JIT)
+def quantize_rows(x: np.ndarray, per: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray) -> None:
+    """Each row of ``x`` into LEVELS levels of 8-bit quants ``xq[t, level]`` per 32 values, each
+    rounding the remainder of the one before; per weight block of ``per`` values (32 or 16),
+    ``dx[t, level]`` the level's scale and ``sx[t, level]`` the sum of its quants. The loops over
+    a block's 32 values are branch-free, so that they vectorize."""
+    rest = np.empty(BLOCK, np.float32)
+    q = np.empty(BLOCK, np.float32)
+    for t in range(x.shape[0]):
+        for b in range(x.shape[1] // BLOCK):
+            amax = np.float32(0.0)
+            for i in range(BLOCK):
+                rest[i] = x[t, b * BLOCK + i]
+                amax = max(amax, abs(rest[i]))
+            d = amax / Q_MAX
+            for level in range(LEVELS):
+                inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+                for i in range(BLOCK):
+                    q[i] = min(Q_MAX, max(-Q_MAX, np.rint(rest[i] * inv)))
+                    rest[i] -= q[i] * d
+                    xq[t, level, b * BLOCK + i] = np.int8(q[i])
+                for half in range(BLOCK // per):
+                    s = np.float32(0.0)
+                    for i in range(half * per, (half + 1) * per):
+                        s += q[i]
+                    at = b * BLOCK // per + half
+                    dx[t, level, at], sx[t, level, at] = d, np.int32(s)
+                d = d / FINER
+
+
+@nb.njit(inline="always", **_JIT)
+def _level(acc, isum, dw, dl: float):  # noqa: ANN001, ANN202
+    """``acc + isum d dl``: one level's integer sums, scaled by the weights' and its own scale."""
+    return fma_float(to_float(isum), mul_float(dw, splat_float(dl)), acc)
+
+
+@nb.njit(inline="always", **_JIT)
+def _scaled(acc, i1, i2, i3, df, mf, at: int, dx: np.ndarray, sx: np.ndarray, t: int, b: int,  # noqa: ANN001, ANN202
+            off: int):
+    """``acc`` plus one block's integer sums of row ``t``, one per level, scaled (``at``: the
+    block's scales in ``df``, ``mf``): ``d dl (il + off sl)`` per level l where the offset is
+    derived (no ``mf``), else ``d dl il`` per level and ``m (d1 s1 + d2 s2 + d3 s3)``."""
+    dw = load_floats(df, at)
+    if mf.size == 0:
+        acc = _level(acc, add_int(i1, splat_int(off * sx[t, 0, b])), dw, dx[t, 0, b])
+        acc = _level(acc, add_int(i2, splat_int(off * sx[t, 1, b])), dw, dx[t, 1, b])
+        return _level(acc, add_int(i3, splat_int(off * sx[t, 2, b])), dw, dx[t, 2, b])
+    acc = _level(_level(_level(acc, i1, dw, dx[t, 0, b]), i2, dw, dx[t, 1, b]), i3, dw, dx[t, 2, b])
+    xsum = (dx[t, 0, b] * np.float32(sx[t, 0, b]) + dx[t, 1, b] * np.float32(sx[t, 1, b])
+            + dx[t, 2, b] * np.float32(sx[t, 2, b]))
+    return fma_float(load_floats(mf, at), splat_float(xsum), acc)
+
+
+@nb.njit(inline="always", **_JIT)
+def _dot(i1, i2, i3, w, xqf, at: int, k: int):  # noqa: ANN001, ANN202
+    """Each level's sum plus one weight vector times that level's activation quad at ``at``
+    (levels ``k`` bytes apart)."""
+    return (dpbusd(i1, w, load_quad(xqf, at)), dpbusd(i2, w, load_quad(xqf, at + k)),
+            dpbusd(i3, w, load_quad(xqf, at + 2 * k)))
+
+
+@nb.njit(inline="always", **_JIT)
+def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, q4: bool):  # noqa: ANN001, ANN202
+    """One block of one activation row against 16 weight rows: each level's integer sum, from
+    zero sums ``z``."""
+    i1 = i2 = i3 = z
+    for p in range(quads):
+        v = load_bytes(qf, base + p * QUAD_BYTES)
+        if q4:
+            i1, i2, i3 = _dot(i1, i2, i3, low_nibbles(v), xqf, x0 + 4 * p, k)
+            i1, i2, i3 = _dot(i1, i2, i3, high_nibbles(v), xqf, x0 + BLOCK // 2 + 4 * p, k)
+        else:
+            i1, i2, i3 = _dot(i1, i2, i3, v, xqf, x0 + 4 * p, k)
+    return i1, i2, i3
+
+
+@nb.njit(inline="always", **_JIT)
+def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, q4: bool):  # noqa: ANN001, ANN202
+    """``_row_block`` for four activation rows (``LEVELS k`` apart in ``xqf``), each weight vector
+    loaded and split once. Each row's sums take ``_row_block``'s steps."""
+    a1 = a2 = a3 = b1 = b2 = b3 = c1 = c2 = c3 = e1 = e2 = e3 = z
+    r = LEVELS * k
+    for p in range(quads):
+        v = load_bytes(qf, base + p * QUAD_BYTES)
+        if q4:
+            lo, hi = low_nibbles(v), high_nibbles(v)
+            at, ah = x0 + 4 * p, x0 + BLOCK // 2 + 4 * p
+            a1, a2, a3 = _dot(a1, a2, a3, lo, xqf, at, k)
+            a1, a2, a3 = _dot(a1, a2, a3, hi, xqf, ah, k)
+            b1, b2, b3 = _dot(b1, b2, b3, lo, xqf, at + r, k)
+            b1, b2, b3 = _dot(b1, b2, b3, hi, xqf, ah + r, k)
+            c1, c2, c3 = _dot(c1, c2, c3, lo, xqf, at + 2 * r, k)
+            c1, c2, c3 = _dot(c1, c2, c3, hi, xqf, ah + 2 * r, k)
+            e1, e2, e3 = _dot(e1, e2, e3, lo, xqf, at + 3 * r, k)
+            e1, e2, e3 = _dot(e1, e2, e3, hi, xqf, ah + 3 * r, k)
+        else:
+            at = x0 + 4 * p
+            a1, a2, a3 = _dot(a1, a2, a3, v, xqf, at, k)
+            b1, b2, b3 = _dot(b1, b2, b3, v, xqf, at + r, k)
+            c1, c2, c3 = _dot(c1, c2, c3, v, xqf, at + 2 * r, k)
+            e1, e2, e3 = _dot(e1, e2, e3, v, xqf, at + 3 * r, k)
+    return a1, a2, a3, b1, b2, b3, c1, c2, c3, e1, e2, e3
+
+
+@nb.njit(inline="always", **_JIT)
+def _half_group(w: Weight, g: int, lane0: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray,
+                out: np.ndarray, n_out: int) -> None:
+    """Rows ``GROUP g + lane0 ..`` (16 of them, ``n_out`` written) of W against every activation row."""
+    t_rows, k = xq.shape[0], xq.shape[2]
+    n_blocks, quads = w.q.shape[1], w.q.shape[2]
+    per = k // n_blocks  # values per weight block: 32, or 16
+    q4 = w.kind == KIND_Q4
+    off = _OFF_Q4 if q4 else _OFF_Q8
+    qf, df, mf, xqf = w.q.reshape(-1), w.d.reshape(-1), w.m.reshape(-1), xq.reshape(-1)
+    r0, z = g * GROUP + lane0, zeros_int()
+    t = 0
+    while t + ROWS <= t_rows:
+        a, b_, c, e = zeros_float(), zeros_float(), zeros_float(), zeros_float()
+        for b in range(n_blocks):
+            blk = g * n_blocks + b
+            at = blk * GROUP + lane0
+            a1, a2, a3, b1, b2, b3, c1, c2, c3, e1, e2, e3 = _four_blocks(
+                z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, LEVELS * t * k + b * per, k, q4)
+            a = _scaled(a, a1, a2, a3, df, mf, at, dx, sx, t, b, off)
+            b_ = _scaled(b_, b1, b2, b3, df, mf, at, dx, sx, t + 1, b, off)
+            c = _scaled(c, c1, c2, c3, df, mf, at, dx, sx, t + 2, b, off)
+            e = _scaled(e, e1, e2, e3, df, mf, at, dx, sx, t + 3, b, off)
+        store_floats(out, t, r0, a, n_out)
+        store_floats(out, t + 1, r0, b_, n_out)
+        store_floats(out, t + 2, r0, c, n_out)
+        store_floats(out, t + 3, r0, e, n_out)
+        t += ROWS
+    while t < t_rows:
+        a = zeros_float()
+        for b in range(n_blocks):
+            blk = g * n_blocks + b
+            a1, a2, a3 = _row_block(z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads,
+                                    xqf, LEVELS * t * k + b * per, k, q4)
+            a = _scaled(a, a1, a2, a3, df, mf, blk * GROUP + lane0, dx, sx, t, b, off)
+        store_floats(out, t, r0, a, n_out)
+        t += 1
+
+
+@nb.njit(parallel=True, **_JIT)
+def int8_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
+    """``out[T, N] = x[T, K] @ W.T`` for a packed Q4 or Q8 weight (``out``'s rows contiguous)."""
+    t_rows, k = x.shape
+    n_blocks = w.q.shape[1]
+    per = k // n_blocks
+    xq = np.empty((t_rows, LEVELS, k), np.int8)
+    dx = np.empty((t_rows, LEVELS, n_blocks), np.float32)
+    sx = np.empty((t_rows, LEVELS, n_blocks), np.int32)
+    quantize_rows(x, per, xq, dx, sx)
+    halves = GROUP // LANES
+    for item in nb.prange(w.q.shape[0] * halves):  # one item: 16 weight rows, all activation rows
+        g, h = item // halves, item % halves
+        n_out = min(LANES, w.n_rows - g * GROUP - h * LANES)
+        if n_out > 0:
+            _half_group(w, g, h * LANES, xq, dx, sx, out, n_out)

@@ -1,0 +1,239 @@
+"""512-bit vectors as numba values: the few operations the integer matmul needs, each one LLVM
+instruction (or a short generic sequence), written as numba intrinsics.
+
+numba's auto-vectorizer never emits the integer dot products that make 4-bit matmuls fast
+(AVX-512 VNNI's ``vpdpbusd``: 64 u8 x s8 products summed in fours, one instruction), and it
+widens small-integer arithmetic to int64. Here a vector is a numba value of its own type, held in
+a register, so a kernel reads as a loop over blocks calling these functions and compiles to the
+instructions it names.
+
+``dpbusd`` is the CPU's instruction where the compile target has it (numba's target: the host,
+or ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES``) and a generic widening multiply-add elsewhere:
+integer arithmetic, so both give the same bits (``tests/test_kernels.py`` checks it in a process
+compiled without VNNI).
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils, config
+from numba.core.errors import TypingError
+from numba.extending import intrinsic, models, register_model
+
+LANES = 16  # 32-bit lanes of one vector: 64 bytes, one AVX-512 register
+_I8, _I32 = ir.IntType(8), ir.IntType(32)
+_VI = ir.VectorType(_I32, LANES)
+_VF = ir.VectorType(ir.FloatType(), LANES)
+_VB = ir.VectorType(_I8, 4 * LANES)
+
+
+def target_has_vnni() -> bool:
+    """Whether numba compiles for a CPU with AVX-512 VNNI (its own feature string, as it caches)."""
+    features = config.CPU_FEATURES
+    if features is None:
+        features = llvm.get_host_cpu_features().flatten()
+    return "+avx512vnni" in features.split(",")
+
+
+class I32x16Type(types.Type):
+    def __init__(self) -> None:
+        super().__init__(name="I32x16")
+
+
+class F32x16Type(types.Type):
+    def __init__(self) -> None:
+        super().__init__(name="F32x16")
+
+
+i32x16 = I32x16Type()
+f32x16 = F32x16Type()
+
+
+@register_model(I32x16Type)
+class _I32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type) -> None:  # noqa: ANN001 (numba's signature)
+        super().__init__(dmm, fe_type, _VI)
+
+
+@register_model(F32x16Type)
+class _F32x16Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type) -> None:  # noqa: ANN001
+        super().__init__(dmm, fe_type, _VF)
+
+
+def _address(context, builder, arrty, arr, idx, vty):  # noqa: ANN001, ANN202
+    """Pointer to element ``idx`` of a C-contiguous array, as a pointer to ``vty``."""
+    data = context.make_array(arrty)(context, builder, arr).data
+    return builder.bitcast(builder.gep(data, [idx]), vty.as_pointer())
+
+
+def _check_c(arr: types.Type) -> None:
+    if not (isinstance(arr, types.Array) and arr.layout == "C"):
+        raise TypingError(f"simd: needs a C-contiguous array, got {arr}")
+
+
+def _splat(builder, value, vty):  # noqa: ANN001, ANN202
+    undef = ir.Constant(vty, ir.Undefined)
+    one = builder.insert_element(undef, value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+
+
+@intrinsic
+def load_bytes(typingctx, arr, idx):  # noqa: ANN001, ANN201
+    """The 64 bytes of a uint8 array from element ``idx``, as 16 lanes of 4 bytes."""
+    _check_c(arr)
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        return builder.load(_address(context, builder, sig.args[0], args[0], args[1], _VI), align=1)
+    return i32x16(arr, idx), codegen
+
+
+@intrinsic
+def load_quad(typingctx, arr, idx):  # noqa: ANN001, ANN201
+    """Bytes ``idx..idx+3`` of an int8 array as one 32-bit lane, repeated in all 16."""
+    _check_c(arr)
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        lane = ir.VectorType(_I32, 1)
+        one = builder.load(_address(context, builder, sig.args[0], args[0], args[1], lane), align=1)
+        return builder.shuffle_vector(one, ir.Constant(lane, ir.Undefined),
+                                      ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+    return i32x16(arr, idx), codegen
+
+
+@intrinsic
+def load_floats(typingctx, arr, idx):  # noqa: ANN001, ANN201
+    """16 float32 of an array from element ``idx``."""
+    _check_c(arr)
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        return builder.load(_address(context, builder, sig.args[0], args[0], args[1], _VF), align=4)
+    return f32x16(arr, idx), codegen
+
+
+@intrinsic
+def store_floats(typingctx, arr, row, col, v, n):  # noqa: ANN001, ANN201
+    """The first ``n`` lanes of ``v`` into ``arr[row, col:]`` (a 2-D float32 array whose rows
+    are contiguous; a masked store, the lanes past ``n`` untouched: a matrix's last group may end
+    mid-vector)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 2 and arr.layout in "CA"):
+        raise TypingError(f"simd.store_floats: needs a 2-D array, got {arr}")
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        arr_v, row_v, col_v, vec, count = args
+        ary = context.make_array(sig.args[0])(context, builder, arr_v)
+        idx = [context.cast(builder, row_v, sig.args[1], types.intp),
+               context.cast(builder, col_v, sig.args[2], types.intp)]
+        item = cgutils.get_item_pointer(context, builder, sig.args[0], ary, idx)
+        ptr = builder.bitcast(item, _VF.as_pointer())
+        count32 = context.cast(builder, count, sig.args[4], types.int32)
+        mask = builder.icmp_signed("<", ir.Constant(_VI, list(range(LANES))), _splat(builder, count32, _VI))
+        fnty = ir.FunctionType(ir.VoidType(), [_VF, ptr.type, _I32, mask.type])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.store.v16f32.p0")
+        builder.call(fn, [vec, ptr, ir.Constant(_I32, 4), mask])
+        return context.get_dummy_value()
+    return types.none(arr, row, col, v, n), codegen
+
+
+@intrinsic
+def splat_int(typingctx, v):  # noqa: ANN001, ANN201
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.int32), _VI)
+    return i32x16(v), codegen
+
+
+@intrinsic
+def splat_float(typingctx, v):  # noqa: ANN001, ANN201
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.float32), _VF)
+    return f32x16(v), codegen
+
+
+@intrinsic
+def zeros_int(typingctx):  # noqa: ANN001, ANN201
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        return ir.Constant(_VI, [0] * LANES)
+    return i32x16(), codegen
+
+
+@intrinsic
+def zeros_float(typingctx):  # noqa: ANN001, ANN201
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        return ir.Constant(_VF, [0.0] * LANES)
+    return f32x16(), codegen
+
+
+_NIBBLE = ir.Constant(_VI, [0x0F0F0F0F] * LANES)
+
+
+@intrinsic
+def low_nibbles(typingctx, v):  # noqa: ANN001, ANN201
+    """Each byte's low nibble, as a byte."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        return builder.and_(args[0], _NIBBLE)
+    return i32x16(v), codegen
+
+
+@intrinsic
+def high_nibbles(typingctx, v):  # noqa: ANN001, ANN201
+    """Each byte's high nibble, as a byte."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        return builder.and_(builder.lshr(args[0], ir.Constant(_VI, [4] * LANES)), _NIBBLE)
+    return i32x16(v), codegen
+
+
+def _dpbusd_generic(builder, acc, u8, s8):  # noqa: ANN001, ANN202
+    """vpdpbusd's arithmetic in plain IR: lane i += sum over k < 4 of u8[4i+k] * s8[4i+k]."""
+    wide = ir.VectorType(_I32, 4 * LANES)
+    prod = builder.mul(builder.zext(builder.bitcast(u8, _VB), wide),
+                       builder.sext(builder.bitcast(s8, _VB), wide))
+    for k in range(4):
+        lanes = ir.Constant(ir.VectorType(_I32, LANES), [4 * i + k for i in range(LANES)])
+        acc = builder.add(acc, builder.shuffle_vector(prod, ir.Constant(wide, ir.Undefined), lanes))
+    return acc
+
+
+@intrinsic
+def dpbusd(typingctx, acc, u8, s8):  # noqa: ANN001, ANN201
+    """``acc`` plus, per 32-bit lane, the four products of its unsigned bytes in ``u8`` and
+    signed bytes in ``s8`` (exact: no saturation)."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        if not target_has_vnni():
+            return _dpbusd_generic(builder, *args)
+        fnty = ir.FunctionType(_VI, [_VI, _VI, _VI])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.x86.avx512.vpdpbusd.512")
+        return builder.call(fn, list(args))
+    return i32x16(acc, u8, s8), codegen
+
+
+@intrinsic
+def add_int(typingctx, a, b):  # noqa: ANN001, ANN201
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        return builder.add(args[0], args[1])
+    return i32x16(a, b), codegen
+
+
+@intrinsic
+def to_float(typingctx, a):  # noqa: ANN001, ANN201
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        return builder.sitofp(args[0], _VF)
+    return f32x16(a), codegen
+
+
+@intrinsic
+def mul_float(typingctx, a, b):  # noqa: ANN001, ANN201
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        return builder.fmul(args[0], args[1])
+    return f32x16(a, b), codegen
+
+
+@intrinsic
+def fma_float(typingctx, a, b, c):  # noqa: ANN001, ANN201
+    """``a * b + c`` rounded once, lane by lane."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        fnty = ir.FunctionType(_VF, [_VF, _VF, _VF])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v16f32")
+        return builder.call(fn, list(args))
+    return f32x16(a, b, c), codegen
