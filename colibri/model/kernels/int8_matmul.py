@@ -64,33 +64,36 @@ LEVELS = 3
 
 
 @nb.njit(**_JIT)
-def quantize_rows(x: np.ndarray, per: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray) -> None:
-    """Each row of ``x`` into LEVELS levels of 8-bit quants ``xq[t, level]`` per 32 values, each
-    rounding the remainder of the one before; per weight block of ``per`` values (32 or 16),
-    ``dx[t, level]`` the level's scale and ``sx[t, level]`` the sum of its quants. The loops over
-    a block's 32 values are branch-free, so that they vectorize."""
-    rest = np.empty(BLOCK, np.float32)
-    q = np.empty(BLOCK, np.float32)
-    for t in range(x.shape[0]):
-        for b in range(x.shape[1] // BLOCK):
-            amax = np.float32(0.0)
-            for i in range(BLOCK):
-                rest[i] = x[t, b * BLOCK + i]
-                amax = max(amax, abs(rest[i]))
-            d = amax / Q_MAX
-            for level in range(LEVELS):
-                inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
-                for i in range(BLOCK):
-                    q[i] = min(Q_MAX, max(-Q_MAX, np.rint(rest[i] * inv)))
-                    rest[i] -= q[i] * d
-                    xq[t, level, b * BLOCK + i] = np.int8(q[i])
-                for half in range(BLOCK // per):
-                    s = np.float32(0.0)
-                    for i in range(half * per, (half + 1) * per):
-                        s += q[i]
-                    at = b * BLOCK // per + half
-                    dx[t, level, at], sx[t, level, at] = d, np.int32(s)
-                d = d / FINER
+def quantize_row(x: np.ndarray, per: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray) -> None:
+    """A row ``x`` into LEVELS levels of 8-bit quants ``xq[level]`` per 32 values, each rounding
+    the remainder of the one before; per weight block of ``per`` values (32 or 16), ``dx[level]``
+    the level's scale and ``sx[level]`` the sum of its quants. The loops run the row's length
+    without branches, so that they vectorize."""
+    k = x.shape[0]
+    rest = x.copy()
+    step = np.empty(k, np.float32)  # the current level's scale of each value's block
+    inv = np.empty(k, np.float32)
+    q = np.empty(k, np.float32)
+    for b in range(k // BLOCK):
+        amax = np.float32(0.0)
+        for i in range(b * BLOCK, (b + 1) * BLOCK):
+            amax = max(amax, abs(x[i]))
+        for i in range(b * BLOCK, (b + 1) * BLOCK):
+            step[i] = amax / Q_MAX
+    for level in range(LEVELS):
+        for i in range(k):
+            inv[i] = np.float32(1.0) / step[i] if step[i] > 0 else np.float32(0.0)
+        for i in range(k):
+            q[i] = min(Q_MAX, max(-Q_MAX, np.rint(rest[i] * inv[i])))
+            rest[i] -= q[i] * step[i]
+            xq[level, i] = np.int8(q[i])
+        for b in range(k // per):
+            s = np.float32(0.0)
+            for i in range(b * per, (b + 1) * per):
+                s += q[i]
+            dx[level, b], sx[level, b] = step[b * per], np.int32(s)
+        for i in range(k):
+            step[i] = step[i] / FINER
 
 
 @nb.njit(inline="always", **_JIT)
@@ -126,17 +129,23 @@ def _dot(i1, i2, i3, w, xqf, at: int, k: int):  # noqa: ANN001, ANN202
 
 @nb.njit(inline="always", **_JIT)
 def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, q4: bool):  # noqa: ANN001, ANN202
-    """One block of one activation row against 16 weight rows: each level's integer sum, from
-    zero sums ``z``."""
-    i1 = i2 = i3 = z
+    """One block of one activation row against a group's 32 weight rows, two vectors of 16: each
+    level's integer sum per vector, from zero sums ``z``. Both vectors take the same steps as in
+    ``_four_blocks``; here they share the activation loads and read the group's bytes in order."""
+    a1 = a2 = a3 = c1 = c2 = c3 = z
     for p in range(quads):
         v = load_bytes(qf, base + p * QUAD_BYTES)
+        u = load_bytes(qf, base + p * QUAD_BYTES + 4 * LANES)
         if q4:
-            i1, i2, i3 = _dot(i1, i2, i3, low_nibbles(v), xqf, x0 + 4 * p, k)
-            i1, i2, i3 = _dot(i1, i2, i3, high_nibbles(v), xqf, x0 + BLOCK // 2 + 4 * p, k)
+            at, ah = x0 + 4 * p, x0 + BLOCK // 2 + 4 * p
+            a1, a2, a3 = _dot(a1, a2, a3, low_nibbles(v), xqf, at, k)
+            a1, a2, a3 = _dot(a1, a2, a3, high_nibbles(v), xqf, ah, k)
+            c1, c2, c3 = _dot(c1, c2, c3, low_nibbles(u), xqf, at, k)
+            c1, c2, c3 = _dot(c1, c2, c3, high_nibbles(u), xqf, ah, k)
         else:
-            i1, i2, i3 = _dot(i1, i2, i3, v, xqf, x0 + 4 * p, k)
-    return i1, i2, i3
+            a1, a2, a3 = _dot(a1, a2, a3, v, xqf, x0 + 4 * p, k)
+            c1, c2, c3 = _dot(c1, c2, c3, u, xqf, x0 + 4 * p, k)
+    return a1, a2, a3, c1, c2, c3
 
 
 @nb.njit(inline="always", **_JIT)
@@ -168,41 +177,46 @@ def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, q4: bool): 
 
 
 @nb.njit(inline="always", **_JIT)
-def _half_group(w: Weight, g: int, lane0: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray,
-                out: np.ndarray, n_out: int) -> None:
-    """Rows ``GROUP g + lane0 ..`` (16 of them, ``n_out`` written) of W against every activation row."""
+def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, out: np.ndarray) -> None:
+    """Rows ``GROUP g ..`` of W against every activation row: four rows at a time, one vector of
+    16 weight rows after the other, then the rest of the rows one at a time, both vectors at once."""
     t_rows, k = xq.shape[0], xq.shape[2]
     n_blocks, quads = w.q.shape[1], w.q.shape[2]
     per = k // n_blocks  # values per weight block: 32, or 16
     q4 = w.kind == KIND_Q4
     off = _OFF_Q4 if q4 else _OFF_Q8
     qf, df, mf, xqf = w.q.reshape(-1), w.d.reshape(-1), w.m.reshape(-1), xq.reshape(-1)
-    r0, z = g * GROUP + lane0, zeros_int()
+    r0, z = g * GROUP, zeros_int()
+    n_lo, n_hi = min(LANES, w.n_rows - r0), min(LANES, w.n_rows - r0 - LANES)  # rows each vector writes
     t = 0
     while t + ROWS <= t_rows:
-        a, b_, c, e = zeros_float(), zeros_float(), zeros_float(), zeros_float()
-        for b in range(n_blocks):
-            blk = g * n_blocks + b
-            at = blk * GROUP + lane0
-            a1, a2, a3, b1, b2, b3, c1, c2, c3, e1, e2, e3 = _four_blocks(
-                z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, LEVELS * t * k + b * per, k, q4)
-            a = _scaled(a, a1, a2, a3, df, mf, at, dx, sx, t, b, off)
-            b_ = _scaled(b_, b1, b2, b3, df, mf, at, dx, sx, t + 1, b, off)
-            c = _scaled(c, c1, c2, c3, df, mf, at, dx, sx, t + 2, b, off)
-            e = _scaled(e, e1, e2, e3, df, mf, at, dx, sx, t + 3, b, off)
-        store_floats(out, t, r0, a, n_out)
-        store_floats(out, t + 1, r0, b_, n_out)
-        store_floats(out, t + 2, r0, c, n_out)
-        store_floats(out, t + 3, r0, e, n_out)
+        for lane0 in range(0, GROUP, LANES):
+            n_out = n_lo if lane0 == 0 else n_hi
+            a, b_, c, e = zeros_float(), zeros_float(), zeros_float(), zeros_float()
+            for b in range(n_blocks):
+                blk = g * n_blocks + b
+                at = blk * GROUP + lane0
+                a1, a2, a3, b1, b2, b3, c1, c2, c3, e1, e2, e3 = _four_blocks(
+                    z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, LEVELS * t * k + b * per, k, q4)
+                a = _scaled(a, a1, a2, a3, df, mf, at, dx, sx, t, b, off)
+                b_ = _scaled(b_, b1, b2, b3, df, mf, at, dx, sx, t + 1, b, off)
+                c = _scaled(c, c1, c2, c3, df, mf, at, dx, sx, t + 2, b, off)
+                e = _scaled(e, e1, e2, e3, df, mf, at, dx, sx, t + 3, b, off)
+            store_floats(out, t, r0 + lane0, a, n_out)
+            store_floats(out, t + 1, r0 + lane0, b_, n_out)
+            store_floats(out, t + 2, r0 + lane0, c, n_out)
+            store_floats(out, t + 3, r0 + lane0, e, n_out)
         t += ROWS
     while t < t_rows:
-        a = zeros_float()
+        a, c = zeros_float(), zeros_float()
         for b in range(n_blocks):
             blk = g * n_blocks + b
-            a1, a2, a3 = _row_block(z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads,
-                                    xqf, LEVELS * t * k + b * per, k, q4)
-            a = _scaled(a, a1, a2, a3, df, mf, blk * GROUP + lane0, dx, sx, t, b, off)
-        store_floats(out, t, r0, a, n_out)
+            a1, a2, a3, c1, c2, c3 = _row_block(z, qf, blk * quads * QUAD_BYTES, quads,
+                                                xqf, LEVELS * t * k + b * per, k, q4)
+            a = _scaled(a, a1, a2, a3, df, mf, blk * GROUP, dx, sx, t, b, off)
+            c = _scaled(c, c1, c2, c3, df, mf, blk * GROUP + LANES, dx, sx, t, b, off)
+        store_floats(out, t, r0, a, n_lo)
+        store_floats(out, t, r0 + LANES, c, n_hi)
         t += 1
 
 
@@ -215,10 +229,10 @@ def int8_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     xq = np.empty((t_rows, LEVELS, k), np.int8)
     dx = np.empty((t_rows, LEVELS, n_blocks), np.float32)
     sx = np.empty((t_rows, LEVELS, n_blocks), np.int32)
-    quantize_rows(x, per, xq, dx, sx)
-    halves = GROUP // LANES
-    for item in nb.prange(w.q.shape[0] * halves):  # one item: 16 weight rows, all activation rows
-        g, h = item // halves, item % halves
-        n_out = min(LANES, w.n_rows - g * GROUP - h * LANES)
-        if n_out > 0:
-            _half_group(w, g, h * LANES, xq, dx, sx, out, n_out)
+    if t_rows == 1:  # decode of one stream: no second parallel region
+        quantize_row(x[0], per, xq[0], dx[0], sx[0])
+    else:
+        for t in nb.prange(t_rows):
+            quantize_row(x[t], per, xq[t], dx[t], sx[t])
+    for g in nb.prange(w.q.shape[0]):  # one item: a group's 32 weight rows, all activation rows
+        _group(w, g, xq, dx, sx, out)
