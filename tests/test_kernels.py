@@ -160,6 +160,19 @@ def test_stacked_q4_0_and_q4_1_equals_concatenation():
         check_matmul(rng.standard_normal((t, 96)).astype(np.float32), weight, ref)
 
 
+@pytest.mark.parametrize("gtype", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0], ids=lambda t: t.name)
+def test_a_packed_legacy_matrix_is_its_file_bytes_and_its_scales_the_files_halves(gtype: GGMLType):
+    """Resident no bigger than the file: the quants re-laid, the f16 scales (and Q4_1's mins) kept."""
+    rng = np.random.default_rng(9)
+    raw, ref_w = quantized(rng, 64, 256, gtype)
+    w = make_weight([(raw, int(gtype))], 256)
+    assert w.d.size == 0 and w.m.size == 0 and w.dh.size == 64 * 8
+    assert w.q.nbytes + w.dh.nbytes + w.mh.nbytes == raw.nbytes
+    first = raw[0, :2].view(np.uint16)[0]  # row 0's first block: its scale, bit for bit
+    assert w.dh[0, 0, 0] == first
+    check_matmul(rng.standard_normal((5, 256)).astype(np.float32), w, ref_w)
+
+
 @pytest.mark.parametrize("types", [("Q4_0", "Q4_1"), ("Q8_0",), ("Q8_0", "Q4_1"), ("F16",)])
 def test_packed_nbytes_is_what_make_weight_allocates(types: tuple[str, ...]):
     """The expert store budgets experts from their shapes alone, before packing them."""
@@ -168,7 +181,7 @@ def test_packed_nbytes_is_what_make_weight_allocates(types: tuple[str, ...]):
     gtypes = [GGMLType[t] for t in types]
     parts = [(quantized(rng, n, 64, t)[0], int(t)) for n, t in zip(rows, gtypes, strict=True)]
     w = make_weight(parts, 64)
-    allocated = w.q.nbytes + w.d.nbytes + w.m.nbytes + w.f.nbytes
+    allocated = w.q.nbytes + w.d.nbytes + w.m.nbytes + w.dh.nbytes + w.mh.nbytes + w.f.nbytes
     assert packed_nbytes([(raw.shape[0], t) for raw, t in parts], 64) == allocated
 
 

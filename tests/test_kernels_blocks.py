@@ -106,7 +106,8 @@ def test_qmatmul_matches_the_dequantized_product_and_llama_cpp(gtype: GGMLType, 
     weight = make_weight([(raw, int(gtype))], k, lanes=lanes)
     assert weight.kind == expected_kind(gtype, lanes) and weight.n_rows == n
     assert packed_nbytes([(n, int(gtype))], k, lanes=lanes) == (
-        weight.q.nbytes + weight.d.nbytes + weight.m.nbytes + weight.raw.nbytes + weight.parts.nbytes)
+        weight.q.nbytes + weight.d.nbytes + weight.m.nbytes + weight.dh.nbytes + weight.mh.nbytes
+        + weight.raw.nbytes + weight.parts.nbytes)
     for t in T_ROWS:
         check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref_w)
     check_against_llama(rng.standard_normal((3, k)).astype(np.float32), [(raw, int(gtype))], ref_w)
@@ -146,7 +147,8 @@ def test_a_stack_mixing_types_is_the_concatenation_and_keeps_the_files_bytes(lan
         assert weight.kind == KIND_BLOCKS and weight.q.size == 0
         assert weight.raw.nbytes == raw0.nbytes + raw1.nbytes + raw2.nbytes
     assert packed_nbytes([(p.shape[0], t) for p, t in parts], k, lanes=lanes) == (
-        weight.q.nbytes + weight.d.nbytes + weight.m.nbytes + weight.raw.nbytes + weight.parts.nbytes)
+        weight.q.nbytes + weight.d.nbytes + weight.m.nbytes + weight.dh.nbytes + weight.mh.nbytes
+        + weight.raw.nbytes + weight.parts.nbytes)
     ref = np.concatenate([w0, w1, w2])
     for t in T_ROWS:
         check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref)
@@ -188,7 +190,7 @@ def test_a_stack_of_lane_formats_packs_to_one_kind_and_is_the_concatenation(type
     # Q5_0, Q8_0 and IQ4 all have m = -128 d in Q8 lanes: none is stored, and the sizes agree
     assert (weight.m.size == 0) == set(types).issubset(OFFSETS_Q8)
     assert packed_nbytes([(p.shape[0], t) for p, t in parts], k) == (
-        weight.q.nbytes + weight.d.nbytes + weight.m.nbytes)
+        weight.q.nbytes + weight.d.nbytes + weight.m.nbytes + weight.dh.nbytes + weight.mh.nbytes)
     ref = np.concatenate(refs)
     for t in T_ROWS:
         check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref)

@@ -9,10 +9,13 @@ four quant bytes of a row together,
                           nibbles, quants j and j + 16, as in the file; Q8: q + 128)
     d[g, b, r]            that block's scale;  m[g, b, r] its offset (Q4_1's min; none kept where
                           every part's offset is OFFSET_Q4 d or OFFSET_Q8 d: OFFSETS_Q4, OFFSETS_Q8)
+    dh, mh                the same as the file's halves (uint16), instead of d and m, where every
+                          part is one format whose scales are halves (HALF_SCALES)
 
 so that one 64-byte vector holds four consecutive quants of each of 16 rows: the 32-bit lanes of
 an integer dot product (``colibri.model.kernels.int8_matmul``), one lane per row, and no
-horizontal sums. The bits stay 4- or 8-bit; only the scales widen to float32. Float formats, and
+horizontal sums. The bits stay 4- or 8-bit, and the scales of Q4_0, Q4_1 and Q8_0 the file's halves
+(a packed matrix is its file bytes); others' scales, computed, are float32. Float formats, and
 stacks that mix kinds, are widened to float32 rows. Packing is deterministic, so a resident copy
 and one packed from the file on a miss give the same bits. The formats themselves are the table in
 ``formats.py``. The other formats (Q5, the K-quants, IQ4) are re-expressed as ``d q + m`` into
@@ -80,6 +83,8 @@ class Weight(NamedTuple):
     raw: np.ndarray  # read-only uint8 [bytes]: Kind.BLOCKS, the rows' file blocks end to end
     parts: np.ndarray  # int64 [P, 4]: Kind.BLOCKS, per stacked part (first row, byte offset in
     #                   ``raw``, bytes per row, block type): parts may differ in type
+    dh: np.ndarray  # uint16 [G, nb, GROUP]: d as halves (HALF_SCALES; d is then empty)
+    mh: np.ndarray  # uint16 [G, nb, GROUP]: m as halves
 
 
 class SwiGLUWeights(NamedTuple):
@@ -92,6 +97,7 @@ class SwiGLUWeights(NamedTuple):
 
 _EMPTY_Q = np.zeros((0, 0, 0, 0), np.uint8)
 _EMPTY_S = np.zeros((0, 0, 0), np.float32)
+_EMPTY_H = np.zeros((0, 0, 0), np.uint16)
 _EMPTY_F = np.zeros((0, 0), np.float32)
 _EMPTY_PARTS = np.zeros((0, 4), np.int64)
 # Read-only, as the file's mmap is: every Weight's ``raw`` has one numba type, so a layer's weights
@@ -125,7 +131,8 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True)
     types = [t for _, t in parts]
     per = Q4_BYTES if kind == KIND_Q4 else _q8_block(types)  # quant bytes per block
     values = BLOCK if kind == KIND_Q4 else per
-    scales = 4 if _derived_offsets(types, kind) else 8  # d, and m unless derived
+    scale = 2 if _half_scales(types) else 4
+    scales = scale if _derived_offsets(types, kind) else 2 * scale  # d, and m unless derived
     return -(-n_rows // GROUP) * GROUP * (n_cols // values) * (per + scales)
 
 
@@ -133,6 +140,15 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True)
 # lanes: ``lanes._legacy`` shifts Q5_0's quants to it, IQ4's grid is stored +128).
 OFFSETS_Q4 = frozenset({GGMLType.Q4_0})
 OFFSETS_Q8 = frozenset({GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS})
+
+
+# The formats whose packed scales are the file's halves, bit for bit: their own kind's blocks, scale
+# (and Q4_1's min) one f16 each. A stack keeps halves when all its parts are one of them.
+HALF_SCALES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0})
+
+
+def _half_scales(types: list[int]) -> bool:
+    return len(set(types)) == 1 and GGMLType(types[0]) in HALF_SCALES
 
 
 def _derived_offsets(types: list[int], kind: int) -> bool:
@@ -160,20 +176,23 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
         per = Q4_BYTES if kind == KIND_Q4 else _q8_block([t for _, t in parts])
         groups, n_blocks = -(-n_rows // GROUP), n_cols // (BLOCK if kind == KIND_Q4 else per)
         q = np.zeros((groups, n_blocks, per // QUAD, QUAD * GROUP), np.uint8)
-        d = np.zeros((groups, n_blocks, GROUP), np.float32)
-        derived = _derived_offsets([t for _, t in parts], kind)
-        m = _EMPTY_S if derived else np.zeros((groups, n_blocks, GROUP), np.float32)
+        types = [t for _, t in parts]
+        halves, derived = _half_scales(types), _derived_offsets(types, kind)
+        d = _EMPTY_S if halves else np.zeros((groups, n_blocks, GROUP), np.float32)
+        m = _EMPTY_S if derived or halves else np.zeros((groups, n_blocks, GROUP), np.float32)
+        dh = np.zeros((groups, n_blocks, GROUP), np.uint16) if halves else _EMPTY_H
+        mh = np.zeros((groups, n_blocks, GROUP), np.uint16) if halves and not derived else _EMPTY_H
         row = 0
         for raw, t in parts:
             fmt = FORMATS[GGMLType(t)]
             layout = fmt.pack
             if fmt.kind == kind and n_blocks * BLOCK == n_cols:  # its own kind: bytes copied as they are
                 _pack_rows(raw, fmt.nbytes, layout.quants_at, layout.min_at, layout.offset_scale,
-                           np.uint8(layout.flip), row, q, d, m)
+                           np.uint8(layout.flip), row, q, d, m, dh, mh)
             else:
                 _pack_lanes(raw, t, n_cols, row, q, d, m)
             row += raw.shape[0]
-        return Weight(kind, n_rows, q, d, m, _EMPTY_F, _EMPTY_RAW, _EMPTY_PARTS)
+        return Weight(kind, n_rows, q, d, m, _EMPTY_F, _EMPTY_RAW, _EMPTY_PARTS, dh, mh)
     f = np.empty((n_rows, n_cols), np.float32)
     row = 0
     for raw, t in parts:
@@ -181,7 +200,8 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
         for r in range(raw.shape[0]):
             dequantize_row(raw[r], t, f[row])
             row += 1
-    return Weight(KIND_F32, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, f, _EMPTY_RAW, _EMPTY_PARTS)
+    return Weight(KIND_F32, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, f, _EMPTY_RAW, _EMPTY_PARTS, _EMPTY_H,
+                  _EMPTY_H)
 
 
 def _blocks_weight(parts: list[tuple[np.ndarray, int]], n_rows: int, copy: bool) -> Weight:
@@ -196,7 +216,7 @@ def _blocks_weight(parts: list[tuple[np.ndarray, int]], n_rows: int, copy: bool)
         rows, size = part.shape
         table[i] = (row, at, size, t)
         row, at = row + rows, at + rows * size
-    return Weight(KIND_BLOCKS, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, _EMPTY_F, raw, table)
+    return Weight(KIND_BLOCKS, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, _EMPTY_F, raw, table, _EMPTY_H, _EMPTY_H)
 
 
 @nb.njit(inline="always", **JIT_OPTIONS)
@@ -217,9 +237,16 @@ def nibbles(byte: np.uint8) -> tuple[np.float32, np.float32]:
     return v - np.float32(16.0) * hi, hi
 
 
+@nb.njit(inline="always", **JIT_OPTIONS)
+def _half_bits(row: np.ndarray, at: int) -> np.uint16:
+    """The little-endian f16 at byte ``at`` of a row, as its bits."""
+    return np.uint16(row[at]) | (np.uint16(row[at + 1]) << np.uint16(8))
+
+
 @nb.njit(**JIT_OPTIONS)
 def _pack_rows(raw: np.ndarray, size: int, quants_at: int, min_at: int, offset_scale: float,
-               flip: np.uint8, row0: int, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
+               flip: np.uint8, row0: int, q: np.ndarray, d: np.ndarray, m: np.ndarray,
+               dh: np.ndarray, mh: np.ndarray) -> None:
     """Raw GGUF rows of one quantized format (its ``PackLayout``: block ``size`` in bytes, where
     the quants and the min are) into rows ``row0..`` of the packed layout, in one pass: experts are
     packed on every miss, so this runs near memory speed (1.7 GB/s here, twice the numpy version's
@@ -229,12 +256,17 @@ def _pack_rows(raw: np.ndarray, size: int, quants_at: int, min_at: int, offset_s
         row = raw[r]
         for b in range(q.shape[1]):
             base = b * size
-            scale = half(row[base], row[base + 1])
-            d[g, b, lane] = scale
-            if min_at >= 0:
-                m[g, b, lane] = half(row[base + min_at], row[base + min_at + 1])
-            elif m.size:  # else derived by the kernels (OFFSET_Q4, OFFSET_Q8)
-                m[g, b, lane] = np.float32(offset_scale) * scale
+            if dh.size:  # the halves as they are (one format: its min is stored or derived)
+                dh[g, b, lane] = _half_bits(row, base)
+                if mh.size:
+                    mh[g, b, lane] = _half_bits(row, base + min_at)
+            else:
+                scale = half(row[base], row[base + 1])
+                d[g, b, lane] = scale
+                if min_at >= 0:
+                    m[g, b, lane] = half(row[base + min_at], row[base + min_at + 1])
+                elif m.size:  # else derived by the kernels (OFFSET_Q4, OFFSET_Q8)
+                    m[g, b, lane] = np.float32(offset_scale) * scale
             qs = q[g, b]
             for j in range(q.shape[2] * QUAD):
                 qs[j // QUAD, QUAD * lane + j % QUAD] = row[base + quants_at + j] ^ flip

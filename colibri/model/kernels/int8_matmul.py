@@ -30,8 +30,8 @@ from colibri.model.kernels.simd import (
     fma_float,
     high_nibbles,
     load_bytes,
-    load_floats,
     load_quad,
+    load_scales,
     low_nibbles,
     mul_float,
     splat_float,
@@ -103,20 +103,19 @@ def _level(acc, isum, dw, dl: float):  # noqa: ANN001, ANN202
 
 
 @nb.njit(inline="always", **_JIT)
-def _scaled(acc, i1, i2, i3, df, mf, at: int, dx: np.ndarray, sx: np.ndarray, t: int, b: int,  # noqa: ANN001, ANN202
+def _scaled(acc, i1, i2, i3, dw, mw, stored_m: bool, dx: np.ndarray, sx: np.ndarray, t: int, b: int,  # noqa: ANN001, ANN202
             off: int):
-    """``acc`` plus one block's integer sums of row ``t``, one per level, scaled (``at``: the
-    block's scales in ``df``, ``mf``): ``d dl (il + off sl)`` per level l where the offset is
-    derived (no ``mf``), else ``d dl il`` per level and ``m (d1 s1 + d2 s2 + d3 s3)``."""
-    dw = load_floats(df, at)
-    if mf.size == 0:
+    """``acc`` plus one block's integer sums of row ``t``, one per level, scaled by the block's
+    weight scales ``dw`` and offsets ``mw``: ``d dl (il + off sl)`` per level l where the offset is
+    derived (not ``stored_m``), else ``d dl il`` per level and ``m (d1 s1 + d2 s2 + d3 s3)``."""
+    if not stored_m:
         acc = _level(acc, add_int(i1, splat_int(off * sx[t, 0, b])), dw, dx[t, 0, b])
         acc = _level(acc, add_int(i2, splat_int(off * sx[t, 1, b])), dw, dx[t, 1, b])
         return _level(acc, add_int(i3, splat_int(off * sx[t, 2, b])), dw, dx[t, 2, b])
     acc = _level(_level(_level(acc, i1, dw, dx[t, 0, b]), i2, dw, dx[t, 1, b]), i3, dw, dx[t, 2, b])
     xsum = (dx[t, 0, b] * np.float32(sx[t, 0, b]) + dx[t, 1, b] * np.float32(sx[t, 1, b])
             + dx[t, 2, b] * np.float32(sx[t, 2, b]))
-    return fma_float(load_floats(mf, at), splat_float(xsum), acc)
+    return fma_float(mw, splat_float(xsum), acc)
 
 
 @nb.njit(inline="always", **_JIT)
@@ -177,15 +176,19 @@ def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, q4: bool): 
 
 
 @nb.njit(inline="always", **_JIT)
-def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, out: np.ndarray) -> None:
+def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, out: np.ndarray,
+           ds: np.ndarray, ms: np.ndarray) -> None:
     """Rows ``GROUP g ..`` of W against every activation row: four rows at a time, one vector of
-    16 weight rows after the other, then the rest of the rows one at a time, both vectors at once."""
+    16 weight rows after the other, then the rest of the rows one at a time, both vectors at once.
+    ``ds``, ``ms``: the weight's scales and offsets, float32 or halves (d and m, or dh and mh)."""
     t_rows, k = xq.shape[0], xq.shape[2]
     n_blocks, quads = w.q.shape[1], w.q.shape[2]
     per = k // n_blocks  # values per weight block: 32, or 16
     q4 = w.kind == KIND_Q4
     off = _OFF_Q4 if q4 else _OFF_Q8
-    qf, df, mf, xqf = w.q.reshape(-1), w.d.reshape(-1), w.m.reshape(-1), xq.reshape(-1)
+    qf, xqf = w.q.reshape(-1), xq.reshape(-1)
+    df, mf = ds.reshape(-1), ms.reshape(-1)
+    stored_m = mf.size > 0
     r0, z = g * GROUP, zeros_int()
     n_lo, n_hi = min(LANES, w.n_rows - r0), min(LANES, w.n_rows - r0 - LANES)  # rows each vector writes
     t = 0
@@ -198,10 +201,12 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
                 at = blk * GROUP + lane0
                 a1, a2, a3, b1, b2, b3, c1, c2, c3, e1, e2, e3 = _four_blocks(
                     z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, LEVELS * t * k + b * per, k, q4)
-                a = _scaled(a, a1, a2, a3, df, mf, at, dx, sx, t, b, off)
-                b_ = _scaled(b_, b1, b2, b3, df, mf, at, dx, sx, t + 1, b, off)
-                c = _scaled(c, c1, c2, c3, df, mf, at, dx, sx, t + 2, b, off)
-                e = _scaled(e, e1, e2, e3, df, mf, at, dx, sx, t + 3, b, off)
+                dw = load_scales(df, at)
+                mw = load_scales(mf, at) if stored_m else dw
+                a = _scaled(a, a1, a2, a3, dw, mw, stored_m, dx, sx, t, b, off)
+                b_ = _scaled(b_, b1, b2, b3, dw, mw, stored_m, dx, sx, t + 1, b, off)
+                c = _scaled(c, c1, c2, c3, dw, mw, stored_m, dx, sx, t + 2, b, off)
+                e = _scaled(e, e1, e2, e3, dw, mw, stored_m, dx, sx, t + 3, b, off)
             store_floats(out, t, r0 + lane0, a, n_out)
             store_floats(out, t + 1, r0 + lane0, b_, n_out)
             store_floats(out, t + 2, r0 + lane0, c, n_out)
@@ -213,8 +218,12 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
             blk = g * n_blocks + b
             a1, a2, a3, c1, c2, c3 = _row_block(z, qf, blk * quads * QUAD_BYTES, quads,
                                                 xqf, LEVELS * t * k + b * per, k, q4)
-            a = _scaled(a, a1, a2, a3, df, mf, blk * GROUP, dx, sx, t, b, off)
-            c = _scaled(c, c1, c2, c3, df, mf, blk * GROUP + LANES, dx, sx, t, b, off)
+            at = blk * GROUP
+            dw, du = load_scales(df, at), load_scales(df, at + LANES)
+            mw = load_scales(mf, at) if stored_m else dw
+            mu = load_scales(mf, at + LANES) if stored_m else du
+            a = _scaled(a, a1, a2, a3, dw, mw, stored_m, dx, sx, t, b, off)
+            c = _scaled(c, c1, c2, c3, du, mu, stored_m, dx, sx, t, b, off)
         store_floats(out, t, r0, a, n_lo)
         store_floats(out, t, r0 + LANES, c, n_hi)
         t += 1
@@ -234,5 +243,9 @@ def int8_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     else:
         for t in nb.prange(t_rows):
             quantize_row(x[t], per, xq[t], dx[t], sx[t])
-    for g in nb.prange(w.q.shape[0]):  # one item: a group's 32 weight rows, all activation rows
-        _group(w, g, xq, dx, sx, out)
+    if w.dh.size:  # one item: a group's 32 weight rows, all activation rows
+        for g in nb.prange(w.q.shape[0]):
+            _group(w, g, xq, dx, sx, out, w.dh, w.mh)
+    else:
+        for g in nb.prange(w.q.shape[0]):
+            _group(w, g, xq, dx, sx, out, w.d, w.m)

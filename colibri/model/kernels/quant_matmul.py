@@ -18,6 +18,7 @@ import numpy as np
 
 from colibri.model.kernels.block_matmul import TILE_ROWS, direct_blocks, tiled_blocks
 from colibri.model.kernels.int8_matmul import int8_matmul
+from colibri.store.blocks import F16_TABLE
 from colibri.store.formats import BLOCK
 from colibri.store.packed import (
     GROUP,
@@ -45,14 +46,19 @@ def _tiled(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
         g1 = min(n_groups, g0 + per_tile)
         # tile_t[k, lane]: the tile's rows as columns, so that the writes run along the lanes
         tile_t = np.empty((x.shape[1], (g1 - g0) * GROUP), np.float32)
+        d = np.empty(GROUP, np.float32)
         m = np.empty(GROUP, np.float32)
         off = OFFSET_Q4 if w.kind == KIND_Q4 else OFFSET_Q8
         for g in range(g0, g1):
             o = (g - g0) * GROUP
             for b in range(n_blocks):
-                d = w.d[g, b]
                 for r in range(GROUP):
-                    m[r] = off * d[r] if w.m.size == 0 else w.m[g, b, r]
+                    if w.dh.size:  # the file's halves
+                        d[r] = F16_TABLE[w.dh[g, b, r]]
+                        m[r] = F16_TABLE[w.mh[g, b, r]] if w.mh.size else off * d[r]
+                    else:
+                        d[r] = w.d[g, b, r]
+                        m[r] = w.m[g, b, r] if w.m.size else off * d[r]
                 for j in range(per):
                     qj = w.q[g, b, j // QUAD]
                     if w.kind == KIND_Q4:

@@ -20,7 +20,7 @@ from llvmlite import ir
 from numba import types
 from numba.core import cgutils, config
 from numba.core.errors import TypingError
-from numba.extending import intrinsic, models, register_model
+from numba.extending import intrinsic, models, overload, register_model
 
 LANES = 16  # 32-bit lanes of one vector: 64 bytes, one AVX-512 register
 _I8, _I32 = ir.IntType(8), ir.IntType(32)
@@ -111,6 +111,32 @@ def load_floats(typingctx, arr, idx):  # noqa: ANN001, ANN201
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
         return builder.load(_address(context, builder, sig.args[0], args[0], args[1], _VF), align=4)
     return f32x16(arr, idx), codegen
+
+
+@intrinsic
+def load_halves(typingctx, arr, idx):  # noqa: ANN001, ANN201
+    """16 IEEE halves (the bits, in a uint16 array) from element ``idx``, widened to float32
+    (one ``vcvtph2ps``)."""
+    _check_c(arr)
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        vh = ir.VectorType(ir.HalfType(), LANES)
+        v = builder.load(_address(context, builder, sig.args[0], args[0], args[1], vh), align=2)
+        return builder.fpext(v, _VF)
+    return f32x16(arr, idx), codegen
+
+
+def load_scales(arr: object, idx: int) -> object:
+    """16 float32 from a float32 array, or 16 halves widened from a uint16 one (chosen when the
+    caller is compiled: a kernel passes whichever array its weight keeps)."""
+    raise NotImplementedError("numba only")
+
+
+@overload(load_scales, inline="always")
+def _load_scales(arr, idx):  # noqa: ANN001, ANN202
+    if isinstance(arr, types.Array) and arr.dtype == types.uint16:
+        return lambda arr, idx: load_halves(arr, idx)
+    return lambda arr, idx: load_floats(arr, idx)
 
 
 @intrinsic
