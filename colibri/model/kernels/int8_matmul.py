@@ -45,8 +45,8 @@ from colibri.store.formats import BLOCK
 from colibri.store.packed import GROUP, JIT_OPTIONS, KIND_Q4, OFFSET_Q4, OFFSET_Q8, Weight
 
 _JIT = JIT_OPTIONS
-# Activation rows sharing one load of a weight vector: 4 rows keep 8 integer and 4 float
-# accumulators, the weights and their nibbles in registers (32 on AVX-512).
+# Activation rows sharing one load of a weight vector: 4 rows keep 12 integer (a sum per level)
+# and 4 float accumulators, the weights and their nibbles in registers (32 on AVX-512).
 ROWS = 4
 # Bytes of a packed block's quad p, across a group's rows: GROUP rows x 4 bytes.
 QUAD_BYTES = 4 * GROUP
