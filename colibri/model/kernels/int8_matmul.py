@@ -60,6 +60,7 @@ FINER = np.float32(254.0)
 # Levels of 8-bit activation quants: three reach float32's own precision (127 x 254 x 254 steps
 # per block's range, 23 bits), so that a decode row is its prompt row's float product within
 # float32's noise (``tests/test_golden.py``: a prompt run token by token is the prompt run whole).
+# ``_dot`` and ``_scaled`` below are written out for three.
 LEVELS = 3
 
 
