@@ -80,50 +80,29 @@ def _splat(builder, value, vty):  # noqa: ANN001, ANN202
     return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
 
 
-@intrinsic
-def load_bytes(typingctx, arr, idx):  # noqa: ANN001, ANN201
-    """The 64 bytes of a uint8 array from element ``idx``, as 16 lanes of 4 bytes."""
-    _check_c(arr)
+def _vector_load(vty: ir.Type, align: int, result: types.Type, finish=None):  # noqa: ANN001, ANN202
+    """An intrinsic ``load(arr, idx)``: a ``vty`` from element ``idx`` of a C-contiguous array,
+    then ``finish(builder, value)`` (a broadcast, a widening) where given."""
+    def load(typingctx, arr, idx):  # noqa: ANN001, ANN202
+        _check_c(arr)
 
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        return builder.load(_address(context, builder, sig.args[0], args[0], args[1], _VI), align=1)
-    return i32x16(arr, idx), codegen
-
-
-@intrinsic
-def load_quad(typingctx, arr, idx):  # noqa: ANN001, ANN201
-    """Bytes ``idx..idx+3`` of an int8 array as one 32-bit lane, repeated in all 16."""
-    _check_c(arr)
-
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        lane = ir.VectorType(_I32, 1)
-        one = builder.load(_address(context, builder, sig.args[0], args[0], args[1], lane), align=1)
-        return builder.shuffle_vector(one, ir.Constant(lane, ir.Undefined),
-                                      ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
-    return i32x16(arr, idx), codegen
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            value = builder.load(_address(context, builder, sig.args[0], args[0], args[1], vty), align=align)
+            return value if finish is None else finish(builder, value)
+        return result(arr, idx), codegen
+    return intrinsic(load)
 
 
-@intrinsic
-def load_floats(typingctx, arr, idx):  # noqa: ANN001, ANN201
-    """16 float32 of an array from element ``idx``."""
-    _check_c(arr)
-
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        return builder.load(_address(context, builder, sig.args[0], args[0], args[1], _VF), align=4)
-    return f32x16(arr, idx), codegen
-
-
-@intrinsic
-def load_halves(typingctx, arr, idx):  # noqa: ANN001, ANN201
-    """16 IEEE halves (the bits, in a uint16 array) from element ``idx``, widened to float32
-    (one ``vcvtph2ps``)."""
-    _check_c(arr)
-
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        vh = ir.VectorType(ir.HalfType(), LANES)
-        v = builder.load(_address(context, builder, sig.args[0], args[0], args[1], vh), align=2)
-        return builder.fpext(v, _VF)
-    return f32x16(arr, idx), codegen
+# The 64 bytes of a uint8 array from element ``idx``, as 16 lanes of 4 bytes.
+load_bytes = _vector_load(_VI, 1, i32x16)
+# Bytes ``idx..idx+3`` of an int8 array as one 32-bit lane, repeated in all 16.
+load_quad = _vector_load(_I32, 1, i32x16, lambda builder, v: _splat(builder, v, _VI))
+# 16 float32 of an array from element ``idx``.
+load_floats = _vector_load(_VF, 4, f32x16)
+# 16 IEEE halves (the bits, in a uint16 array) from element ``idx``, widened to float32 (one
+# ``vcvtph2ps``).
+load_halves = _vector_load(ir.VectorType(ir.HalfType(), LANES), 2, f32x16,
+                           lambda builder, v: builder.fpext(v, _VF))
 
 
 def load_scales(arr: object, idx: int) -> object:
