@@ -12,8 +12,9 @@ file's pages dropped from the page cache (``posix_fadvise(POSIX_FADV_DONTNEED)``
   as ``.coli_usage`` would carry it) pinned at start, the rest of the budget for recent experts,
   the next layer's experts read ahead (``MADV_WILLNEED``) while the current one computes.
 - **no-ahead**: the store as above without the read-ahead, to show what the read-ahead adds.
-- **mmap**: no resident copies and no read-ahead: every expert use packs from the mmap (the page
-  cache is all the caching there is), the way a plain mmap engine reads its experts.
+- **mmap**: no resident copies and no read-ahead: every expert use packs from the mmap, through
+  page faults (the page cache is all the caching there is), the way a plain mmap engine reads its
+  experts. The store's own misses read by ``pread`` instead (``docs/store.md``).
 
 Printed per way (medians over ``--runs``): tokens per second, the store's hit rate, file bytes of
 missed experts per token, and the bound ``1 / (resident_bytes / RAM_bw + missed_bytes / disk_bw)``
@@ -132,6 +133,7 @@ def run_way(path: Path, way: str, budget: int | None, heat: np.ndarray | None, t
     model = Model(path, ram_budget=budget)
     store = model.decoder.experts
     store.prefetch_enabled = way == "store"
+    store.mapped_reads = way == "mmap"
     pinning = way in ("store", "no-ahead")
     model.gguf.advise_dontneed()
     t0 = time.perf_counter()

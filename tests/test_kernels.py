@@ -173,6 +173,34 @@ def test_a_packed_legacy_matrix_is_its_file_bytes_and_its_scales_the_files_halve
     check_matmul(rng.standard_normal((5, 256)).astype(np.float32), w, ref_w)
 
 
+@pytest.mark.parametrize("gtype", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0], ids=lambda t: t.name)
+def test_packing_by_words_puts_every_file_byte_where_the_layout_says(gtype: GGMLType):
+    """The word packer (groups in parallel, parts starting mid-group, a partial last group) against
+    the layout's definition, byte by byte: quant byte 4p + k of block b of row r at
+    ``q[r // GROUP, b, p, 4 (r % GROUP) + k]`` (Q8_0's flipped to q + 128), its halves in dh, mh."""
+    from colibri.store.formats import FORMATS
+    from colibri.store.packed import GROUP
+
+    rng = np.random.default_rng(11)
+    rows = (45, 7, 40)  # parts start at rows 0, 45 and 52: two of them inside a group
+    raws = [quantized(rng, n, 128, gtype)[0] for n in rows]
+    w = make_weight([(raw, int(gtype)) for raw in raws], 128)
+    raw = np.concatenate(raws)
+    layout, size = FORMATS[gtype].pack, FORMATS[gtype].nbytes
+    blocks = raw.reshape(raw.shape[0], -1, size)
+    n_quants = w.q.shape[2] * 4
+    for r in range(raw.shape[0]):
+        g, lane = divmod(r, GROUP)
+        assert (w.dh[g, :, lane] == blocks[r, :, :2].copy().view(np.uint16)[:, 0]).all()
+        if layout.min_at >= 0:
+            mins = blocks[r, :, layout.min_at : layout.min_at + 2].copy().view(np.uint16)[:, 0]
+            assert (w.mh[g, :, lane] == mins).all()
+        quants = blocks[r, :, layout.quants_at : layout.quants_at + n_quants] ^ np.uint8(layout.flip)
+        packed = w.q[g, :, :, 4 * lane : 4 * lane + 4].reshape(-1, n_quants)
+        assert (packed == quants).all(), f"row {r}"
+    assert (w.q[raw.shape[0] // GROUP, :, :, 4 * (raw.shape[0] % GROUP) :] == 0).all()  # the empty rows
+
+
 @pytest.mark.parametrize("types", [("Q4_0", "Q4_1"), ("Q8_0",), ("Q8_0", "Q4_1"), ("F16",)])
 def test_packed_nbytes_is_what_make_weight_allocates(types: tuple[str, ...]):
     """The expert store budgets experts from their shapes alone, before packing them."""

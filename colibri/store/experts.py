@@ -7,9 +7,11 @@ are [n_expert, n_ff_exp, n_embd] (in GGUF's row-major view: ``n_expert * n_ff_ex
 
 Tiers (``docs/store.md``):
 
-- **disk**: the expert's bytes in the file, through the mmap (and so the page cache). Using it
-  means packing the raw rows into the packed layout (``packed.py``), a transient copy dropped
-  after the step.
+- **disk**: the expert's bytes in the file (in the page cache, or on the disk). Using it means
+  one ``pread`` of its rows (never mapped, so the file's pages stay out of this process's RSS),
+  then packing them into the packed layout (``packed.py``, moves of the file's words, in cache),
+  a transient copy dropped after the step; the formats computed in place are read straight into
+  their copy.
 - **RAM**: a resident packed copy. The copies never exceed the budget (``--ram-budget``): a share
   of it holds the experts that were hottest in earlier runs (*pinned* at start from the heat in
   ``.coli_usage``), the rest the most recently used others (*recent*, least recently used out).
@@ -31,7 +33,15 @@ from typing import NamedTuple
 import numpy as np
 
 from colibri.store.gguf import GGUFError, GGUFFile
-from colibri.store.packed import SwiGLUWeights, make_weight, packed_nbytes
+from colibri.store.packed import (
+    KIND_BLOCKS,
+    SwiGLUWeights,
+    Weight,
+    blocks_weight,
+    make_weight,
+    packed_kind,
+    packed_nbytes,
+)
 
 TIER_DISK, TIER_RAM = 0, 1  # EMAP's 2-bit tier codes (2 would be VRAM: no GPU here)
 # Heat halves every this many forward steps: long enough that a conversation's topic shows, short
@@ -57,9 +67,9 @@ class StoreCounters(NamedTuple):
     """Cumulative since the store opened; callers take differences over the span they report."""
 
     hits: int  # get() served by a resident copy
-    misses: int  # get() that packed from the file
+    misses: int  # get() that read the file
     missed_bytes: int  # file bytes those misses read
-    t_disk: float  # seconds packing misses (page faults included)
+    t_disk: float  # seconds reading and packing misses
     t_compute: float  # seconds in the experts' matmuls
 
 
@@ -92,6 +102,9 @@ class ExpertStore:
             self._tensors[i] = names
         self.budget = ram_budget
         self.prefetch_enabled = True  # off: no read-ahead (the benchmark's plain-mmap baseline)
+        # On: misses read through the mapping (page faults, the pages kept mapped), as a plain mmap
+        # engine reads: the benchmark's baseline. Off: by ``pread``, nothing mapped.
+        self.mapped_reads = False
         self.heat = np.zeros((len(self.layers), self.n_experts), np.float32)
         self._hits_map = np.zeros((len(self.layers), self.n_experts), np.bool_)
         self._pinned: dict[tuple[int, int], ExpertWeights] = {}
@@ -100,6 +113,7 @@ class ExpertStore:
         self._predictors: dict[int, Callable[[np.ndarray], np.ndarray]] = {}
         self._hits = self._misses = self._missed_bytes = 0
         self._t_disk = self._t_compute = 0.0
+        self._buffer = np.empty(0, np.uint8)  # ``_scratch``
         # Sizes per layer: a file may mix block types across layers (budget accounting must not
         # assume layer 0's everywhere).
         self._nbytes = {layer: self._packed_nbytes(layer) for layer in self.layers}
@@ -274,23 +288,43 @@ class ExpertStore:
         if not 0 <= expert < self.n_experts or layer not in self._tensors:
             raise KeyError(f"no expert {expert} in layer {layer}")
         gate, up, down = self._tensors[layer]
-        parts = [self._slice(name, expert) for name in (gate, up)]
-        # In-place formats stay in place (lanes=False): a resident expert costs its file bytes, and
-        # a miss one copy of them, not a repacking pass.
-        weights = ExpertWeights(
-            gate_up=make_weight(parts, self.gguf.tensors[gate].shape[0], copy=True, lanes=False),
-            down=make_weight([self._slice(down, expert)], self.gguf.tensors[down].shape[0], copy=True,
-                             lanes=False),
-        )
-        for name in (gate, up, down):  # the copy is all that is read now: the file pages leave RSS
-            self.gguf.release_span(*self._slice_span(name, expert))
-        return weights
+        return ExpertWeights(gate_up=self._read_weight((gate, up), expert),
+                             down=self._read_weight((down,), expert))
 
-    def _slice(self, name: str, expert: int) -> tuple[np.ndarray, int]:
-        """The raw rows of one expert of a 3-D tensor, and their block type."""
-        info = self.gguf.tensors[name]
-        rows = info.shape[1]
-        return self.gguf.raw(name)[expert * rows : (expert + 1) * rows], int(info.gtype)
+    def _read_weight(self, names: tuple[str, ...], expert: int) -> Weight:
+        """One expert's rows of ``names`` stacked, read from the file by ``pread`` (its pages never
+        enter this process's RSS). Formats computed in place are read straight into the resident
+        copy: a miss is one read. The packed formats are read into a buffer that is reused, and
+        packed from there (moves of the file's words, in cache)."""
+        types = [int(self.gguf.tensors[name].gtype) for name in names]
+        n_cols = self.gguf.tensors[names[0]].shape[0]
+        if self.mapped_reads:
+            parts = [(self._mapped(name, expert), t) for name, t in zip(names, types, strict=True)]
+            return make_weight(parts, n_cols, copy=True, lanes=False)
+        sizes = [self._slice_bytes(name) for name in names]
+        blocks = packed_kind(types, lanes=False) == KIND_BLOCKS
+        buf = np.empty(sum(sizes), np.uint8) if blocks else self._scratch(sum(sizes))
+        parts, at = [], 0
+        for name, size, t in zip(names, sizes, types, strict=True):
+            raw = buf[at : at + size]
+            self.gguf.read_into(self._slice_span(name, expert)[0], raw)
+            parts.append((raw.reshape(self.gguf.tensors[name].shape[1], -1), t))
+            at += size
+        if blocks:  # the buffer is the copy: its rows are the parts' rows, end to end
+            return blocks_weight(buf, parts)
+        return make_weight(parts, n_cols, lanes=False)
+
+    def _mapped(self, name: str, expert: int) -> np.ndarray:
+        """The raw rows of one expert of a 3-D tensor, a view of the mapping."""
+        rows = self.gguf.tensors[name].shape[1]
+        return self.gguf.raw(name)[expert * rows : (expert + 1) * rows]
+
+    def _scratch(self, nbytes: int) -> np.ndarray:
+        """A reused read buffer of at least ``nbytes`` (a fresh one would fault its pages in on
+        every miss). Only the forward step's thread reads experts, one at a time."""
+        if self._buffer.nbytes < nbytes:
+            self._buffer = np.empty(nbytes, np.uint8)
+        return self._buffer[:nbytes]
 
     def _slice_bytes(self, name: str) -> int:
         info = self.gguf.tensors[name]

@@ -153,6 +153,7 @@ class GGUFFile:
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot open: {e.strerror or e}") from None
         self.file_size = size
+        self._fd: int | None = None  # for ``read_into``, opened on first use
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self._parse()
@@ -224,6 +225,22 @@ class GGUFFile:
         view = np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.offset)
         return view.reshape(rows, info.nbytes // rows)
 
+    def read_into(self, start: int, out: np.ndarray) -> None:
+        """``out.nbytes`` bytes at ``start`` copied into ``out`` (C-contiguous) by ``pread``: one
+        copy from the page cache (or the disk), never mapped into this process, so nothing enters
+        its RSS but ``out`` (the expert store's misses)."""
+        if start < 0 or start + out.nbytes > self.file_size:
+            raise GGUFError(f"{self.path}: read of {out.nbytes} bytes at {start} runs past the end")
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        done = 0
+        while done < len(view):
+            n = os.preadv(self._fd, [view[done:]], start + done)
+            if n <= 0:
+                raise GGUFError(f"{self.path}: file ended at byte {start + done} while reading")
+            done += n
+
     def advise_willneed(self, start: int, length: int) -> None:
         """Ask the kernel to read ``length`` bytes at ``start`` into the page cache in the
         background (readahead), so a later access does not wait on the disk."""
@@ -237,13 +254,8 @@ class GGUFFile:
         all that is read (a packed matrix): they leave this process's RSS and stay in the page
         cache, so that a model costs its packed copy, not that and the file."""
         info = self.tensors[name]
-        self.release_span(info.offset, info.nbytes)
-
-    def release_span(self, start: int, length: int) -> None:
-        """``release`` for the pages wholly inside ``length`` bytes at ``start`` (one expert's rows:
-        a page it shares with a neighbour stays)."""
-        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
-        end = min(start + length, self.file_size) // mmap.PAGESIZE * mmap.PAGESIZE
+        first = -(-info.offset // mmap.PAGESIZE) * mmap.PAGESIZE  # a page shared with a neighbour stays
+        end = min(info.offset + info.nbytes, self.file_size) // mmap.PAGESIZE * mmap.PAGESIZE
         if end > first:
             self._map.madvise(mmap.MADV_DONTNEED, first, end - first)
 
@@ -284,6 +296,9 @@ class GGUFFile:
         return h.digest()
 
     def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         # Views handed out keep the mapping alive; closing with live views would fault them.
         try:
             self._map.close()
