@@ -266,3 +266,25 @@ def test_open_real_model_maps_instead_of_reading(default_model: Path):
     assert size == default_model.stat().st_size > 10 * 2**20
     assert delta < 0.25 * size, (delta, size)
     assert peak_delta < 0.25 * size, (peak_delta, size)
+
+
+def test_read_into_reads_the_open_file_and_refuses_past_its_end(tmp_path: Path):
+    """The expert store's misses: ``pread`` gives the mapping's bytes, from the file that was opened
+    even after another is renamed over its path, and a read past the end is a GGUFError."""
+    src = default_model_path()
+    path = tmp_path / "model.gguf"
+    path.write_bytes(src.read_bytes())
+    g = GGUFFile(path)
+    info = g.tensors["blk.0.ffn_down.weight"]
+    out = np.empty(info.nbytes, np.uint8)
+    g.read_into(info.offset, out)
+    assert (out == g.raw("blk.0.ffn_down.weight").reshape(-1)).all()
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"\0" * g.file_size)
+    other.replace(path)
+    again = np.empty_like(out)
+    g.read_into(info.offset, again)
+    assert (again == out).all()
+    with pytest.raises(GGUFError, match="runs past the end"):
+        g.read_into(g.file_size - 8, np.empty(16, np.uint8))
+    g.close()

@@ -13,6 +13,7 @@ import math
 import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,10 +151,13 @@ class GGUFFile:
                 if size < 24:
                     raise GGUFError(f"{self.path}: truncated file ({size} bytes, no GGUF header)")
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                # The same open file for ``read_into`` (not the path again: a file renamed over it
+                # later must not be read under this one's offsets), closed with this object.
+                self._fd = os.dup(f.fileno())
+                self._close_fd = weakref.finalize(self, os.close, self._fd)
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot open: {e.strerror or e}") from None
         self.file_size = size
-        self._fd: int | None = None  # for ``read_into``, opened on first use
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self._parse()
@@ -231,12 +235,13 @@ class GGUFFile:
         its RSS but ``out`` (the expert store's misses)."""
         if start < 0 or start + out.nbytes > self.file_size:
             raise GGUFError(f"{self.path}: read of {out.nbytes} bytes at {start} runs past the end")
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         view = memoryview(out.reshape(-1).view(np.uint8))
         done = 0
         while done < len(view):
-            n = os.preadv(self._fd, [view[done:]], start + done)
+            try:
+                n = os.preadv(self._fd, [view[done:]], start + done)
+            except OSError as e:
+                raise GGUFError(f"{self.path}: cannot read: {e.strerror or e}") from None
             if n <= 0:
                 raise GGUFError(f"{self.path}: file ended at byte {start + done} while reading")
             done += n
@@ -296,9 +301,7 @@ class GGUFFile:
         return h.digest()
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._close_fd()
         # Views handed out keep the mapping alive; closing with live views would fault them.
         try:
             self._map.close()

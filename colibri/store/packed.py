@@ -285,7 +285,7 @@ def _pack_words(raw: np.ndarray, size: int, quants_at: int, min_at: int, flip: n
     a block's scale, min and quants moved as 16- and 32-bit words (every offset in a block is
     even), a group's rows at a time, written in the layout's order, the groups in parallel. A miss
     packs an expert on every use: this pass is what it costs beside the read (a byte at a time,
-    row by row, ran at 1.7 GB/s). ``row0`` is a multiple of GROUP, or the last group is partial."""
+    row by row, ran at 1.7 GB/s). A part may start and end inside a group (``row0``, its rows)."""
     h = raw.reshape(-1).view(np.uint16)
     row_h, size_h, quants_h = raw.shape[1] // 2, size // 2, quants_at // 2
     n_blocks, quads = q.shape[1], q.shape[2]
