@@ -40,6 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
+# llama.cpp's workers run in the environment as it was before colibri's import set its OpenMP and
+# BLAS defaults (colibri/__init__.py): the peer at its own defaults.
+PEER_ENV = dict(os.environ)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import QUESTIONS, Engine, prompt  # noqa: E402
 from bench_http import proc_cpu_s  # noqa: E402
@@ -150,7 +153,7 @@ def peer(mode: str, model: Path, **kw) -> dict:
            "--t0", repr(time.time())]
     for k, v in kw.items():
         cmd += [f"--{k}", str(v)]
-    return json.loads(run_child(cmd)[0].strip().splitlines()[-1])
+    return json.loads(run_child(cmd, PEER_ENV)[0].strip().splitlines()[-1])
 
 
 def ids(xs: list[int]) -> str:

@@ -15,6 +15,13 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # spinning threads steal the cores the work needs: a loaded 2-core machine ran 15x slower. A short
 # spin costs nothing measurable when idle (bench/bench_forward.py) and keeps loaded runs sane.
 os.environ.setdefault("GOMP_SPINCOUNT", "2000")
+# Once more threads have ever started OpenMP regions than there are cores (the engine: the main
+# thread loads the model, a trio worker thread runs the steps, each with its own pool), libgomp
+# spins only its "throttled" count, 100 rounds (~1 us), and the pool's threads fall asleep between
+# the regions of one step: every region then waits on a futex wake-up. One stream through `coli
+# engine` ran at half `coli run`'s speed (50 against ~100 tok/s, 2 threads). ACTIVE raises that
+# count to 1000 (the spin itself stays GOMP_SPINCOUNT's): 93-118 tok/s (docs/performance.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
 
 
 def _numba_cache_dir() -> str:
