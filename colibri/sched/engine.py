@@ -28,6 +28,7 @@ from colibri.model.grammar import GrammarError, GrammarVocab
 from colibri.model.interface import EngineModel
 from colibri.model.sampling import Sampler, SamplingParams, top_candidates
 from colibri.sched import persist, telemetry
+from colibri.sched.compute import ComputeThread
 from colibri.sched.planner import StepPlan, plan_step
 from colibri.sched.probe import run_probe
 from colibri.sched.requests import Emit, OnToken, Request, Slot
@@ -45,9 +46,12 @@ class Engine:
 
     def __init__(
         self, model: EngineModel, n_slots: int, n_ctx: int, state_dir: Path | None, prefill_chunk: int,
-        emit: Emit, topk: bool = False, perf: bool = False,
+        emit: Emit, topk: bool = False, perf: bool = False, compute: ComputeThread | None = None,
     ) -> None:
         self.model, self.tokenizer = model, model.tokenizer
+        # Where the model computes: one thread for the engine process (``compute.py``: one OpenMP
+        # pool); without one, any of trio's worker threads.
+        self.run_model = compute.run if compute is not None else trio.to_thread.run_sync
         self.n_ctx, self.state_dir, self.prefill_chunk = n_ctx, state_dir, prefill_chunk
         self.emit, self.topk, self.perf = emit, topk, perf
         self._grammar_vocab: GrammarVocab | None = None  # built on the first grammar
@@ -276,7 +280,7 @@ class Engine:
         """PROBE_AUTONOMIC on ``slot`` between steps (``probe.py``); the caller checked the room."""
         s = self.slots[slot]
         async with self.step_lock:
-            return await trio.to_thread.run_sync(
+            return await self.run_model(
                 run_probe, self.model, self.kv, slot, len(s.history), prompt, candidates, max_decode,
                 self.stop_ids)
 
@@ -300,7 +304,7 @@ class Engine:
                     s.history.extend(part)
 
         async with self.step_lock:
-            await trio.to_thread.run_sync(run)
+            await self.run_model(run)
 
     async def save_snapshot(self, slot: int, path: Path, meta: bytes) -> None:
         """The slot's history and K/V, and ``meta``, at ``path`` (crash-safe); OSError/ValueError."""
@@ -335,7 +339,7 @@ class Engine:
                 async with self.step_lock:
                     plan = plan_step(self.active, self.prefill_chunk)
                     t0 = time.perf_counter()
-                    sampled = await trio.to_thread.run_sync(self._compute, plan)
+                    sampled = await self.run_model(self._compute, plan)
                     self._advance(plan, time.perf_counter() - t0)
                 for (req, _, logit_row), choice in zip(plan.shares, sampled, strict=True):
                     if logit_row is not None and not req.cancelled and not req.finished.is_set():

@@ -23,6 +23,7 @@ from colibri.io import channel_frames as cf
 from colibri.io.events import Cancel, EndOfInput, Error, ErrorCode, ProtocolError, Ready, Stat, Stop, Submit
 from colibri.model.interface import EngineModel
 from colibri.sched import telemetry
+from colibri.sched.compute import ComputeThread
 from colibri.sched.engine import Engine
 from colibri.sched.legacy_session import LegacySession, legacy_encoder
 from colibri.sched.requests import Emit
@@ -51,17 +52,18 @@ def run_engine(cfg: EngineConfig) -> int:
     """Load the model and serve until EOF or SIGTERM; the exit status."""
     from colibri.model.loader import Model
 
-    model = Model(cfg.model_path, ram_budget=cfg.ram_budget)
-    n_ctx = min(cfg.n_ctx, model.hp.context_length)
-    return trio.run(_main, cfg, model, n_ctx)
+    with ComputeThread() as compute:  # the model loads and computes on one thread (compute.py)
+        model = compute.call(lambda: Model(cfg.model_path, ram_budget=cfg.ram_budget))
+        n_ctx = min(cfg.n_ctx, model.hp.context_length)
+        return trio.run(_main, cfg, model, n_ctx, compute)
 
 
-async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int) -> int:
+async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int, compute: ComputeThread) -> int:
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     out_send, out_recv = trio.open_memory_channel[bytes](OUTPUT_BUFFER)
     if cfg.protocol == "channel":
-        return await _main_channel(cfg, model, n_ctx, stdin, stdout, out_send, out_recv)
+        return await _main_channel(cfg, model, n_ctx, stdin, stdout, out_send, out_recv, compute)
     encode = mux.encode_response if cfg.protocol == "mux" else legacy_encoder()
 
     async def emit(event) -> None:
@@ -70,8 +72,8 @@ async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int) -> int:
             await out_send.send(data)
 
     engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, emit, topk=cfg.topk,
-                    perf=cfg.perf)
-    await trio.to_thread.run_sync(engine.restore)
+                    perf=cfg.perf, compute=compute)
+    await engine.run_model(engine.restore)
     async with trio.open_nursery() as outer:
         outer.start_soon(_writer, out_recv, stdout)
         if cfg.protocol == "mux":
@@ -95,7 +97,7 @@ async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int) -> int:
 
 
 async def _main_channel(cfg: EngineConfig, model: EngineModel, n_ctx: int, stdin, stdout, out_send,
-                        out_recv) -> int:
+                        out_recv, compute: ComputeThread) -> int:
     """The Channel protocol: STATUS(idle) when ready, then frames until SHUTDOWN, EOF or SIGTERM
     (exit 0), or a frame that breaks the stream (ERROR with msg_id 0, exit 2: nothing after it
     can be trusted, and nothing persisted is touched)."""
@@ -108,8 +110,8 @@ async def _main_channel(cfg: EngineConfig, model: EngineModel, n_ctx: int, stdin
     async def no_events(event) -> None:  # every Channel request has its own emit
         return None
 
-    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, no_events)
-    await trio.to_thread.run_sync(engine.restore)
+    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, no_events, compute=compute)
+    await engine.run_model(engine.restore)
     status = 0
     with EpisodicMemory(None if cfg.state_dir is None else cfg.state_dir / MEMORY_FILE) as memory:
         async with trio.open_nursery() as outer:
