@@ -34,6 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
+# The OpenMP and BLAS settings colibri's import sets by default (colibri/__init__.py). llama.cpp's
+# workers drop the ones that were not set before the first import (recorded here by the parent,
+# inherited by every worker), so that the peer starts its OpenMP at its own defaults.
+COLIBRI_DEFAULTS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS")
+os.environ.setdefault("COLI_BENCH_PEER_UNSET", ",".join(k for k in COLIBRI_DEFAULTS if k not in os.environ))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_moe  # noqa: E402  (the synthetic model, the prompt, the decode loop, the cache drop)
 from memcap import MemoryCap  # noqa: E402
@@ -65,6 +70,8 @@ def work_colibri(args) -> dict:
 
 
 def work_llama(args) -> dict:
+    for name in filter(None, os.environ["COLI_BENCH_PEER_UNSET"].split(",")):
+        os.environ.pop(name, None)  # before libgomp loads with llama.cpp and reads them
     import llama_cpp as lib
 
     t0 = time.perf_counter()
