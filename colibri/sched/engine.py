@@ -46,12 +46,11 @@ class Engine:
 
     def __init__(
         self, model: EngineModel, n_slots: int, n_ctx: int, state_dir: Path | None, prefill_chunk: int,
-        emit: Emit, topk: bool = False, perf: bool = False, compute: ComputeThread | None = None,
+        emit: Emit, compute: ComputeThread, topk: bool = False, perf: bool = False,
     ) -> None:
         self.model, self.tokenizer = model, model.tokenizer
-        # Where the model computes: one thread for the engine process (``compute.py``: one OpenMP
-        # pool); without one, any of trio's worker threads.
-        self.run_model = compute.run if compute is not None else trio.to_thread.run_sync
+        # Where the model loads and computes: one thread (``compute.py``: one OpenMP pool)
+        self.run_model = compute.run
         self.n_ctx, self.state_dir, self.prefill_chunk = n_ctx, state_dir, prefill_chunk
         self.emit, self.topk, self.perf = emit, topk, perf
         self._grammar_vocab: GrammarVocab | None = None  # built on the first grammar

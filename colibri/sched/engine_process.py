@@ -71,8 +71,8 @@ async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int, compute: Comp
         if data:
             await out_send.send(data)
 
-    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, emit, topk=cfg.topk,
-                    perf=cfg.perf, compute=compute)
+    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, emit, compute,
+                    topk=cfg.topk, perf=cfg.perf)
     await engine.run_model(engine.restore)
     async with trio.open_nursery() as outer:
         outer.start_soon(_writer, out_recv, stdout)
@@ -110,7 +110,7 @@ async def _main_channel(cfg: EngineConfig, model: EngineModel, n_ctx: int, stdin
     async def no_events(event) -> None:  # every Channel request has its own emit
         return None
 
-    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, no_events, compute=compute)
+    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, no_events, compute)
     await engine.run_model(engine.restore)
     status = 0
     with EpisodicMemory(None if cfg.state_dir is None else cfg.state_dir / MEMORY_FILE) as memory:

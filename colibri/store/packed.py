@@ -171,7 +171,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
     resident tier owns its bytes); anything else is widened to float32."""
     kind, n_rows = packed_kind([t for _, t in parts], lanes), sum(raw.shape[0] for raw, _ in parts)
     if kind == KIND_BLOCKS:
-        return _blocks_weight(parts, n_rows, copy)
+        return _blocks_weight(parts, copy)
     if kind != KIND_F32:
         per = Q4_BYTES if kind == KIND_Q4 else _q8_block([t for _, t in parts])
         groups, n_blocks = -(-n_rows // GROUP), n_cols // (BLOCK if kind == KIND_Q4 else per)
@@ -210,7 +210,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
                   _EMPTY_H)
 
 
-def _blocks_weight(parts: list[tuple[np.ndarray, int]], n_rows: int, copy: bool) -> Weight:
+def _blocks_weight(parts: list[tuple[np.ndarray, int]], copy: bool) -> Weight:
     if len(parts) == 1 and not copy:
         raw = np.ascontiguousarray(parts[0][0]).reshape(-1)
     else:
@@ -248,12 +248,6 @@ def nibbles(byte: np.uint8) -> tuple[np.float32, np.float32]:
     v = np.float32(byte)
     hi = np.floor(v * np.float32(0.0625))
     return v - np.float32(16.0) * hi, hi
-
-
-@nb.njit(inline="always", **JIT_OPTIONS)
-def _half_bits(row: np.ndarray, at: int) -> np.uint16:
-    """The little-endian f16 at byte ``at`` of a row, as its bits."""
-    return np.uint16(row[at]) | (np.uint16(row[at + 1]) << np.uint16(8))
 
 
 @nb.njit(**JIT_OPTIONS)
