@@ -244,14 +244,19 @@ function main() {
 
   async function api(path, init = {}) {
     const headers = new Headers(init.headers || {});
-    if (state.apiKey) headers.set("Authorization", `Bearer ${state.apiKey}`);
+    const sent = state.apiKey;
+    if (sent) headers.set("Authorization", `Bearer ${sent}`);
     const res = await fetch(path, { ...init, headers, cache: "no-store" });
-    if (res.status === 401) needKey(Boolean(state.apiKey)); // a key was sent: it is the wrong one
+    if (res.status === 401) needKey(sent);
     return res;
   }
 
-  function needKey(wrong) {
-    if (wrong) {
+  /** A 401 to a request sent with key ``sent`` ("" for none). The answer to an older key (the
+   * user entered another while it was in flight, or a poll left before the first key) says
+   * nothing about the current one: it neither clears it nor shows an error. */
+  function needKey(sent) {
+    if (sent !== state.apiKey) return;
+    if (sent) { // the key was sent and refused: it is the wrong one
       state.apiKey = "";
       keep(session, KEY_STORE, "");
       keyError("The server refused this API key (401 invalid_api_key). Check it and enter it again.");
