@@ -105,7 +105,7 @@ def test_context_window_exceeded(kw, stream):
 def test_structured_output(kw):
     """``response_format`` json_schema through litellm: the content validates against the schema."""
     r = litellm.completion(
-        messages=user("Invent a person."), max_tokens=80, temperature=1, **kw,
+        messages=user("Invent a person."), max_tokens=80, temperature=1, seed=5, **kw,
         response_format={"type": "json_schema",
                          "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
     )

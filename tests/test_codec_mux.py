@@ -280,6 +280,7 @@ def test_each_response_kind_round_trips(event):
 # ---------------------------------------------------------------- SUBMIT_IDS
 
 
+@SETTINGS
 @given(st.lists(st.integers(0, 200_000), min_size=1, max_size=50), st.integers(1, 1 << 40))
 def test_submit_ids_round_trip(ids, rid):
     sub = Submit(rid, 0, 16, 0.0, 1.0, "", None, tuple(ids))

@@ -213,9 +213,10 @@ def test_enter_sends_and_the_answer_streams_in_with_its_stats(page, console):
     load(pg, console)
     configure(pg, max_tokens=32, temperature="0")
     prompt = pg.locator("#prompt")
-    prompt.fill("What is the capital of France?")
+    # an answer of ~18 tokens (greedy): long enough to be drawn in more than one frame
+    prompt.fill("Tell me about the capital of France.")
     prompt.press("Shift+Enter")  # a newline, not a send
-    prompt.press_sequentially("Answer in one sentence.")
+    prompt.press_sequentially("Answer in three sentences.")
     assert "\n" in prompt.input_value(), "Shift+Enter did not put a newline into #prompt"
     expect(pg.locator("#messages .msg.user")).to_have_count(0)
 
@@ -224,7 +225,7 @@ def test_enter_sends_and_the_answer_streams_in_with_its_stats(page, console):
     user_msg = pg.locator("#messages .msg.user")
     expect(user_msg).to_have_count(1)
     expect(user_msg).to_contain_text("capital of France")
-    expect(user_msg).to_contain_text("Answer in one sentence.")
+    expect(user_msg).to_contain_text("Answer in three sentences.")
     text = wait_reply_done(pg)
     assert text, "the answer is empty"
     expect(pg.locator("#messages .msg.assistant")).to_have_count(1)
