@@ -1,4 +1,4 @@
-"""Write a synthetic mixtral-style MoE GGUF (random Q4_0 experts) of any size, streaming.
+"""Write a synthetic MoE GGUF (random quantized experts) of any size, streaming.
 
 For the expert-store benchmark (``bench/bench_moe.py``) and the store's tests: a complete
 "llama"-architecture file with expert tensors, as llama.cpp writes Mixtral, whose experts can be
@@ -11,8 +11,15 @@ The vocabulary is a placeholder SentencePiece one (``<unk> <s> </s>``, the 256 b
 with ``--prompt-ids``; it is there because llama.cpp will not load a file without one
 (``bench/bench_moe_peer.py`` runs both engines on this same file).
 
-    python tools/make_synthetic_moe.py OUT.gguf [--layers 24] [--experts 64] [--used 4]
-        [--embd 1024] [--ff 1024] [--vocab 4096]
+Two shapes: ``--arch llama`` (mixtral's layout, every matrix Q4_0: the default, issue 16's file)
+and ``--arch qwen3moe`` (Qwen3-30B-A3B's layout scaled down: per-head q/k norms, NEOX RoPE, a head
+size of its own, top-8 of many narrow experts) quantized as llama.cpp's Q4_K_M mix has it (Q4_K,
+with Q6_K for ``attn_v`` and ``ffn_down_exps`` in the layers its ``use_more_bits`` picks, and for
+``output``). Random K-quant blocks are drawn directly in their byte layout (a reference quantizer
+would take minutes per GB); the embedding is quantized from real values.
+
+    python tools/make_synthetic_moe.py OUT.gguf [--arch llama|qwen3moe] [--layers 24] [--experts 64]
+        [--used 4] [--embd 1024] [--ff 1024] [--vocab 4096] [--heads 8] [--kv-heads 4] [--head-dim D]
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import gguf
 import numpy as np
@@ -49,9 +57,71 @@ def _random_q4_0(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
+QK_K = 256  # values per K-quant super-block
+Q4_K_BLOCK_BYTES = 144  # d, dmin (f16 each), 12 bytes of 6-bit scales and mins, 128 of nibbles
+Q6_K_BLOCK_BYTES = 210  # 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, d (f16)
+# The spread of one random Q4_0 weight, d*(q-8) with q uniform in 1..15: the K-quant experts are
+# drawn with the same spread, so that both files' hidden states (and routing) behave alike.
+Q4_0_SPREAD = 4.32
+
+
+def _spread(cols: int) -> float:
+    return EXPERT_SCALE / np.sqrt(cols) * Q4_0_SPREAD
+
+
+def _random_q4_k(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """Random Q4_K rows (uint8, [rows, cols/256*144]). A value is ``d sc q - dmin m`` per
+    32-value sub-block; ``m`` is drawn so that ``dmin m`` is ``d sc 7.5`` to the nearest step, so
+    each sub-block is centred near zero (nibbles uniform in 0..15)."""
+    n = rows * (cols // QK_K)
+    blocks = np.empty((n, Q4_K_BLOCK_BYTES), dtype=np.uint8)
+    sc = rng.integers(16, 64, (n, 8), dtype=np.uint8)  # 6-bit scales, not tiny
+    d = np.float16(_spread(cols) / (float(np.mean(np.arange(16, 64))) * 4.61))  # 4.61: std of 0..15
+    dmin = np.float16(float(d) * 8.0)
+    m = np.minimum(np.rint(sc * 7.5 * float(d) / float(dmin)), 63).astype(np.uint8)
+    blocks[:, 0:2] = np.frombuffer(d.tobytes(), np.uint8)
+    blocks[:, 2:4] = np.frombuffer(dmin.tobytes(), np.uint8)
+    # ggml's get_scale_min_k4 layout: bytes 0-3 sc[0..3] | (sc[4..7] >> 4) << 6, bytes 4-7 the same
+    # for m, bytes 8-11 sc[4..7] & 15 | (m[4..7] & 15) << 4
+    blocks[:, 4:8] = sc[:, :4] | ((sc[:, 4:] >> 4) << 6)
+    blocks[:, 8:12] = m[:, :4] | ((m[:, 4:] >> 4) << 6)
+    blocks[:, 12:16] = (sc[:, 4:] & 15) | ((m[:, 4:] & 15) << 4)
+    blocks[:, 16:] = rng.integers(0, 256, (n, 128), dtype=np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def _random_q6_k(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """Random Q6_K rows (uint8, [rows, cols/256*210]): a value is ``d sc (q - 32)`` per 16-value
+    sub-block, q uniform in 0..63 (centred), the int8 scales of either sign."""
+    n = rows * (cols // QK_K)
+    blocks = np.empty((n, Q6_K_BLOCK_BYTES), dtype=np.uint8)
+    blocks[:, :192] = rng.integers(0, 256, (n, 192), dtype=np.uint8)
+    sc = rng.integers(16, 64, (n, 16)) * rng.choice(np.array([-1, 1]), (n, 16))
+    blocks[:, 192:208] = sc.astype(np.int8).view(np.uint8)
+    d = np.float16(_spread(cols) / (float(np.mean(np.arange(16, 64))) * 18.47))  # 18.47: std of 0..63
+    blocks[:, 208:210] = np.frombuffer(d.tobytes(), np.uint8)
+    return blocks.reshape(rows, -1)
+
+
 Make = Callable[[], np.ndarray]
 Q4 = gguf.GGMLQuantizationType.Q4_0
+Q4_K = gguf.GGMLQuantizationType.Q4_K
+Q6_K = gguf.GGMLQuantizationType.Q6_K
 F32 = gguf.GGMLQuantizationType.F32
+# Each block type's random rows and bytes per block of 32 or 256 values.
+_RANDOM = {Q4: (_random_q4_0, 32, Q4_0_BLOCK_BYTES), Q4_K: (_random_q4_k, QK_K, Q4_K_BLOCK_BYTES),
+           Q6_K: (_random_q6_k, QK_K, Q6_K_BLOCK_BYTES)}
+
+
+def _row_bytes(qtype: gguf.GGMLQuantizationType, cols: int) -> int:
+    _, block, nbytes = _RANDOM[qtype]
+    return cols // block * nbytes
+
+
+def use_more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's Q4_K_M rule for the layers whose ``attn_v`` and ``ffn_down`` get Q6_K: the
+    first and last eighth, and every third layer between."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
 
 
 class _Weights:
@@ -66,19 +136,22 @@ class _Weights:
         self.common /= np.linalg.norm(self.common)
         self.lean = router_lean / np.arange(1, n_experts + 1) ** ZIPF_EXPONENT
 
-    def q4(self, rows: int, cols: int) -> Make:
-        return lambda: _random_q4_0(self.rng, rows, cols)
+    def matrix(self, qtype: gguf.GGMLQuantizationType, rows: int, cols: int) -> Make:
+        return lambda: _RANDOM[qtype][0](self.rng, rows, cols)
 
-    def experts(self, rows: int, cols: int) -> Make:
+    def experts(self, qtype: gguf.GGMLQuantizationType, rows: int, cols: int) -> Make:
         """[n_expert, rows, cols] as n_expert*rows raw rows; gguf-py derives the 3-D shape."""
-        return lambda: _random_q4_0(self.rng, self.n_experts * rows, cols).reshape(self.n_experts, rows, -1)
+        make = _RANDOM[qtype][0]
+        return lambda: make(self.rng, self.n_experts * rows, cols).reshape(self.n_experts, rows, -1)
 
-    def embedding(self) -> np.ndarray:
-        n_vocab, n_embd = self.n_vocab, self.n_embd
-        table = self.rng.standard_normal((n_vocab, n_embd)).astype(np.float32) / np.sqrt(n_embd)
-        table *= 1.0 - self.common_share
-        table += self.common_share * self.common
-        return quantize(table, GGMLType.Q4_0).reshape(n_vocab, -1)
+    def embedding(self, qtype: gguf.GGMLQuantizationType) -> Make:
+        def make() -> np.ndarray:
+            n_vocab, n_embd = self.n_vocab, self.n_embd
+            table = self.rng.standard_normal((n_vocab, n_embd)).astype(np.float32) / np.sqrt(n_embd)
+            table *= 1.0 - self.common_share
+            table += self.common_share * self.common
+            return quantize(table, GGMLType(int(qtype))).reshape(n_vocab, -1)
+        return make
 
     def router(self) -> np.ndarray:
         n_experts, n_embd = self.n_experts, self.n_embd
@@ -89,6 +162,39 @@ class _Weights:
     def ones_ish(self) -> np.ndarray:
         return (1.0 + 0.05 * self.rng.standard_normal(self.n_embd)).astype(np.float32)
 
+    def ones_head(self, n: int) -> Make:
+        return lambda: (1.0 + 0.05 * self.rng.standard_normal(n)).astype(np.float32)
+
+
+class Shape(NamedTuple):
+    """The file's architecture, sizes and block types."""
+
+    arch: str  # "llama" (mixtral's layout, Q4_0) or "qwen3moe" (Q4_K_M)
+    n_layers: int
+    n_embd: int
+    n_ff: int  # one expert's gate (and up) rows
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def k_quants(self) -> bool:
+        return self.arch == "qwen3moe"
+
+    def types(self, layer: int) -> tuple[gguf.GGMLQuantizationType, gguf.GGMLQuantizationType]:
+        """A layer's block type for most matrices, and for ``attn_v`` and ``ffn_down``."""
+        if not self.k_quants:
+            return Q4, Q4
+        return Q4_K, Q6_K if use_more_bits(layer, self.n_layers) else Q4_K
+
 
 class _Plan:
     """Every tensor's name, shape, type and maker, in file order: the header needs every shape
@@ -98,42 +204,51 @@ class _Plan:
         self.weights = weights
         self.entries: list[tuple[str, tuple[int, ...], gguf.GGMLQuantizationType, Make]] = []
 
-    def q4_matrix(self, name: str, rows: int, cols: int) -> None:
-        self.entries.append((name, (rows, cols // 32 * Q4_0_BLOCK_BYTES), Q4, self.weights.q4(rows, cols)))
+    def matrix(self, name: str, qtype: gguf.GGMLQuantizationType, rows: int, cols: int) -> None:
+        make = self.weights.matrix(qtype, rows, cols)
+        self.entries.append((name, (rows, _row_bytes(qtype, cols)), qtype, make))
 
     def f32_tensor(self, name: str, shape: tuple[int, ...], make: Make) -> None:
         self.entries.append((name, shape, F32, make))
 
-    def layer(self, i: int, n_embd: int, n_ff: int, q_dim: int, kv_dim: int) -> None:
-        p, w = f"blk.{i}.", self.weights
+    def layer(self, i: int, shape: Shape) -> None:
+        p, w, n_embd, n_ff = f"blk.{i}.", self.weights, shape.n_embd, shape.n_ff
+        base, more = shape.types(i)
         self.f32_tensor(p + "attn_norm.weight", (n_embd,), w.ones_ish)
-        self.q4_matrix(p + "attn_q.weight", q_dim, n_embd)
-        self.q4_matrix(p + "attn_k.weight", kv_dim, n_embd)
-        self.q4_matrix(p + "attn_v.weight", kv_dim, n_embd)
-        self.q4_matrix(p + "attn_output.weight", n_embd, q_dim)
+        self.matrix(p + "attn_q.weight", base, shape.q_dim, n_embd)
+        self.matrix(p + "attn_k.weight", base, shape.kv_dim, n_embd)
+        self.matrix(p + "attn_v.weight", more, shape.kv_dim, n_embd)
+        self.matrix(p + "attn_output.weight", base, n_embd, shape.q_dim)
+        if shape.arch == "qwen3moe":
+            self.f32_tensor(p + "attn_q_norm.weight", (shape.head_dim,), w.ones_head(shape.head_dim))
+            self.f32_tensor(p + "attn_k_norm.weight", (shape.head_dim,), w.ones_head(shape.head_dim))
         self.f32_tensor(p + "ffn_norm.weight", (n_embd,), w.ones_ish)
         self.f32_tensor(p + "ffn_gate_inp.weight", (w.n_experts, n_embd), w.router)
-        for part, rows, cols in (("gate", n_ff, n_embd), ("up", n_ff, n_embd), ("down", n_embd, n_ff)):
-            shape = (w.n_experts, rows, cols // 32 * Q4_0_BLOCK_BYTES)
-            self.entries.append((f"{p}ffn_{part}_exps.weight", shape, Q4, w.experts(rows, cols)))
+        for part, qtype, rows, cols in (("gate", base, n_ff, n_embd), ("up", base, n_ff, n_embd),
+                                        ("down", more, n_embd, n_ff)):
+            shape3 = (w.n_experts, rows, _row_bytes(qtype, cols))
+            self.entries.append((f"{p}ffn_{part}_exps.weight", shape3, qtype, w.experts(qtype, rows, cols)))
 
 
-def _add_metadata(w: gguf.GGUFWriter, *, n_layers: int, n_experts: int, n_used: int, n_embd: int,
-                  n_ff: int, n_vocab: int, n_heads: int, n_kv_heads: int) -> None:
-    w.add_name("synthetic-moe")
-    w.add_block_count(n_layers)
+def _add_metadata(w: gguf.GGUFWriter, shape: Shape, *, n_experts: int, n_used: int, n_vocab: int) -> None:
+    w.add_name(f"synthetic-moe-{shape.arch}")
+    w.add_block_count(shape.n_layers)
     w.add_context_length(4096)
-    w.add_embedding_length(n_embd)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_heads)
-    w.add_head_count_kv(n_kv_heads)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(n_embd // n_heads)
+    w.add_embedding_length(shape.n_embd)
+    w.add_feed_forward_length(shape.n_ff)
+    w.add_head_count(shape.n_heads)
+    w.add_head_count_kv(shape.n_kv_heads)
+    w.add_layer_norm_rms_eps(1e-5 if shape.arch == "llama" else 1e-6)
+    w.add_rope_freq_base(10000.0 if shape.arch == "llama" else 1e6)
+    w.add_rope_dimension_count(shape.head_dim)
     w.add_expert_count(n_experts)
     w.add_expert_used_count(n_used)
+    if shape.arch == "qwen3moe":
+        w.add_key_length(shape.head_dim)
+        w.add_value_length(shape.head_dim)
+        w.add_expert_feed_forward_length(shape.n_ff)
     w.add_vocab_size(n_vocab)
-    w.add_file_type(2)  # MOSTLY_Q4_0
+    w.add_file_type(15 if shape.k_quants else 2)  # MOSTLY_Q4_K_M, MOSTLY_Q4_0
     _add_placeholder_vocab(w, n_vocab)
 
 
@@ -163,9 +278,9 @@ def _add_placeholder_vocab(w: gguf.GGUFWriter, n_vocab: int) -> None:
 def _write_plan(w: gguf.GGUFWriter, plan: _Plan) -> None:
     """Tensor infos first, data after, one tensor at a time."""
     for name, shape, qtype, _ in plan.entries:
-        dtype = np.uint8 if qtype == Q4 else np.float32
+        dtype = np.float32 if qtype == F32 else np.uint8
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        w.add_tensor_info(name, shape, np.dtype(dtype), nbytes, raw_dtype=qtype if qtype == Q4 else None)
+        w.add_tensor_info(name, shape, np.dtype(dtype), nbytes, raw_dtype=None if qtype == F32 else qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -175,46 +290,60 @@ def _write_plan(w: gguf.GGUFWriter, plan: _Plan) -> None:
 
 
 def write_synthetic_moe(
-    path: str | Path, *, n_layers: int = 24, n_experts: int = 64, n_used: int = 4, n_embd: int = 1024,
-    n_ff: int = 1024, n_vocab: int = 4096, n_heads: int = 8, n_kv_heads: int = 4, seed: int = 0,
-    router_lean: float = ROUTER_LEAN, common_share: float = COMMON_SHARE,
+    path: str | Path, *, arch: str = "llama", n_layers: int = 24, n_experts: int = 64, n_used: int = 4,
+    n_embd: int = 1024, n_ff: int = 1024, n_vocab: int = 4096, n_heads: int = 8, n_kv_heads: int = 4,
+    head_dim: int | None = None, seed: int = 0, router_lean: float = ROUTER_LEAN,
+    common_share: float = COMMON_SHARE,
 ) -> Path:
     path = Path(path)
-    if n_embd % 32 or n_ff % 32:
-        raise ValueError("n_embd and n_ff must be multiples of 32 (whole Q4_0 blocks)")
+    if arch not in ARCHES:
+        raise ValueError(f"--arch must be one of {', '.join(ARCHES)}")
+    shape = Shape(arch, n_layers, n_embd, n_ff, n_heads, n_kv_heads, head_dim or n_embd // n_heads)
+    block = QK_K if shape.k_quants else 32
+    if n_embd % block or n_ff % block or shape.q_dim % block:
+        raise ValueError(f"n_embd, n_ff and heads x head size must be multiples of {block} "
+                         f"(whole {'K-quant super-' if shape.k_quants else 'Q4_0 '}blocks)")
     rng = np.random.default_rng(seed)
-    head_dim = n_embd // n_heads
-    w = gguf.GGUFWriter(path, "llama")
-    _add_metadata(w, n_layers=n_layers, n_experts=n_experts, n_used=n_used, n_embd=n_embd, n_ff=n_ff,
-                  n_vocab=n_vocab, n_heads=n_heads, n_kv_heads=n_kv_heads)
+    w = gguf.GGUFWriter(path, arch)
+    _add_metadata(w, shape, n_experts=n_experts, n_used=n_used, n_vocab=n_vocab)
     weights = _Weights(rng, n_vocab, n_embd, n_experts, router_lean, common_share)
     plan = _Plan(weights)
-    plan.entries.append(
-        ("token_embd.weight", (n_vocab, n_embd // 32 * Q4_0_BLOCK_BYTES), Q4, weights.embedding))
+    embd_type, out_type = (Q4_K, Q6_K) if shape.k_quants else (Q4, Q4)
+    embd_shape = (n_vocab, _row_bytes(embd_type, n_embd))
+    plan.entries.append(("token_embd.weight", embd_shape, embd_type, weights.embedding(embd_type)))
     for i in range(n_layers):
-        plan.layer(i, n_embd, n_ff, n_heads * head_dim, n_kv_heads * head_dim)
+        plan.layer(i, shape)
     plan.f32_tensor("output_norm.weight", (n_embd,), weights.ones_ish)
-    plan.q4_matrix("output.weight", n_vocab, n_embd)
+    plan.matrix("output.weight", out_type, n_vocab, n_embd)
     _write_plan(w, plan)
     return path
+
+
+ARCHES = ("llama", "qwen3moe")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, metavar="OUT.gguf")
+    p.add_argument("--arch", choices=ARCHES, default="llama",
+                   help="llama: mixtral's layout, Q4_0; qwen3moe: Qwen3-MoE's layout, Q4_K_M")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--experts", type=int, default=64)
     p.add_argument("--used", type=int, default=4)
     p.add_argument("--embd", type=int, default=1024)
     p.add_argument("--ff", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=None, help="default: embd / heads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lean", type=float, default=ROUTER_LEAN, help="routing skew (0: uniform)")
     a = p.parse_args(argv)
     try:
-        out = write_synthetic_moe(a.out, n_layers=a.layers, n_experts=a.experts, n_used=a.used,
-                                  n_embd=a.embd, n_ff=a.ff, n_vocab=a.vocab, seed=a.seed,
-                                  router_lean=a.lean)
+        out = write_synthetic_moe(a.out, arch=a.arch, n_layers=a.layers, n_experts=a.experts,
+                                  n_used=a.used, n_embd=a.embd, n_ff=a.ff, n_vocab=a.vocab,
+                                  n_heads=a.heads, n_kv_heads=a.kv_heads, head_dim=a.head_dim,
+                                  seed=a.seed, router_lean=a.lean)
     except ValueError as e:
         print(f"make_synthetic_moe: error: {e}", file=sys.stderr)
         return 1

@@ -1,0 +1,97 @@
+"""The scaled-down Qwen3-MoE file of ``tools/make_synthetic_moe.py --arch qwen3moe`` (issue 16's
+real-architecture benchmark): it is llama.cpp's Q4_K_M mix, its random K-quant blocks have the
+spread of the Q4_0 file's, and colibri and llama.cpp (the peer, on the same file) compute the same
+logits from it; colibri gives the same tokens whatever its expert budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from quant_harness import llama_model
+from test_expert_store import make_synthetic_moe
+
+from colibri.model.generate import SingleSequence
+from colibri.model.loader import Model
+from colibri.model.sampling import Sampler, SamplingParams
+from colibri.store.formats import GGMLType
+from colibri.store.gguf import GGUFFile
+from colibri.store.packed import dequantize_row
+
+LAYERS = 8
+SHAPE = dict(n_layers=LAYERS, n_experts=8, n_used=2, n_embd=256, n_ff=256, n_vocab=512, n_heads=4,
+             n_kv_heads=2, head_dim=64)
+PROMPT = [1, 300, 301, 302, 400, 401, 7, 9, 300, 260, 261, 500]
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory) -> GGUFFile:
+    path = tmp_path_factory.mktemp("qwen3moe") / "synthetic-qwen3moe.gguf"
+    return make_synthetic_moe.write_synthetic_moe(path, arch="qwen3moe", **SHAPE)
+
+
+def test_the_file_is_llama_cpps_q4_k_m_mix(qwen):
+    g = GGUFFile(qwen)
+    assert g.get("general.architecture") == "qwen3moe"
+    assert g.tensors["token_embd.weight"].gtype == GGMLType.Q4_K
+    assert g.tensors["output.weight"].gtype == GGMLType.Q6_K
+    more = [i for i in range(LAYERS) if make_synthetic_moe.use_more_bits(i, LAYERS)]
+    assert more == [0, 3, 6, 7]  # llama.cpp's rule at 8 layers: first and last eighth, every third
+    for i in range(LAYERS):
+        big = GGMLType.Q6_K if i in more else GGMLType.Q4_K
+        for name, want in (("ffn_gate_exps", GGMLType.Q4_K), ("ffn_up_exps", GGMLType.Q4_K),
+                           ("ffn_down_exps", big), ("attn_v", big), ("attn_q", GGMLType.Q4_K)):
+            assert g.tensors[f"blk.{i}.{name}.weight"].gtype == want, (i, name)
+        assert f"blk.{i}.attn_q_norm.weight" in g.tensors and f"blk.{i}.attn_k_norm.weight" in g.tensors
+
+
+def _values(g: GGUFFile, name: str, expert: int = 0) -> np.ndarray:
+    info = g.tensors[name]
+    raw = g.raw(name)
+    rows = info.shape[1]
+    out = np.empty((rows, info.shape[0]), np.float32)
+    for r in range(rows):
+        dequantize_row(raw[expert * rows + r], int(info.gtype), out[r])
+    return out
+
+
+def test_random_k_blocks_are_centred_with_the_q4_0_files_spread(qwen, tmp_path):
+    """Drawn in their byte layout, the Q4_K and Q6_K experts decode to values centred on zero with
+    the spread of the Q4_0 file's (so both files' routing behaves alike)."""
+    g = GGUFFile(qwen)
+    q4_0 = GGUFFile(make_synthetic_moe.write_synthetic_moe(
+        tmp_path / "q4_0.gguf", n_layers=1, n_experts=2, n_used=1, n_embd=256, n_ff=256, n_vocab=300))
+    spread = _values(q4_0, "blk.0.ffn_gate_exps.weight").std()
+    for name in ("blk.1.ffn_gate_exps.weight", "blk.0.ffn_down_exps.weight"):  # Q4_K, Q6_K
+        v = _values(g, name)
+        assert abs(v.mean()) < 0.05 * v.std(), name
+        assert 0.75 < v.std() / spread < 1.33, (name, v.std(), spread)
+
+
+def test_colibri_and_llama_cpp_compute_the_same_logits(qwen):
+    """The whole prompt's logits, colibri against llama.cpp (F32 KV cache) on the same file: the
+    in-place Q4_K/Q6_K experts, q/k norms, NEOX RoPE and top-k renormalisation as the peer has them."""
+    llm = llama_model(qwen)
+    llm.eval(PROMPT)
+    ref = np.array(llm.scores[: len(PROMPT)])
+    m = Model(qwen)
+    n = len(PROMPT)
+    ours = m.forward(np.array(PROMPT), np.zeros(n, np.int64), np.arange(n), m.new_kv_cache(1, 64),
+                     np.arange(n), 0)
+    for pos in range(n):
+        diff = float(np.max(np.abs(ours[pos] - ref[pos])))
+        assert diff < 0.1 * ref[pos].std(), (pos, diff, ref[pos].std())
+        assert int(np.argmax(ours[pos])) == int(np.argmax(ref[pos])) or np.ptp(np.sort(ref[pos])[-2:]) < 0.01
+
+
+def test_the_same_tokens_whatever_the_expert_budget(qwen):
+    def tokens(budget: int | None) -> list[int]:
+        m = Model(qwen, ram_budget=budget)
+        seq = SingleSequence(m, 64, 16)
+        sampler, out = Sampler(SamplingParams(temperature=1.0, seed=3)), []
+        logits = seq.prefill(PROMPT)[-1]
+        for _ in range(12):
+            out.append(sampler(logits, out))
+            logits = seq.step(np.array([out[-1]]), False)[-1]
+        return out
+
+    assert tokens(None) == tokens(0) == tokens(1 << 20)
