@@ -6,8 +6,9 @@
   multiplied by BLAS (``np.dot`` inside numba) for every prompt row, the whole matrix never
   expanded. A prompt's logits are then float32's whatever the chunking (``tests/test_golden.py``).
 - Weights kept as the file's blocks (``Kind.BLOCKS``: the expert store's in-place K-quants):
-  decoded to float32 a few rows at a time (``block_matmul``), a *direct* path for decode rows and
-  a *tiled* one through BLAS for prompt rows.
+  decode rows of Q4_K and Q6_K by integer dot products on the blocks (``kquant_matmul``); other
+  formats' decode rows decoded to float32 a few rows at a time (``block_matmul``), prompt rows
+  tiled through BLAS.
 - Float formats widened to float32: BLAS.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from colibri.model.kernels.block_matmul import TILE_ROWS, direct_blocks, tiled_blocks
 from colibri.model.kernels.int8_matmul import int8_matmul
+from colibri.model.kernels.kquant_matmul import computes, kquant_matmul
 from colibri.store.blocks import F16_TABLE
 from colibri.store.formats import BLOCK
 from colibri.store.packed import (
@@ -89,7 +91,9 @@ def qmatmul(x: np.ndarray, w: Weight, out: np.ndarray, n_direct: int) -> None:
             out[n_direct:] = np.dot(x[n_direct:], w.f.T)
         return
     if w.kind == KIND_BLOCKS:
-        if n_direct > 0:
+        if n_direct > 0 and computes(w):  # Q4_K and Q6_K: integer dot products on the blocks
+            kquant_matmul(x[:n_direct], w, out[:n_direct])
+        elif n_direct > 0:
             direct_blocks(x[:n_direct], w, out[:n_direct])
         if n_direct < x.shape[0]:
             tiled_blocks(x[n_direct:], w, out[n_direct:])

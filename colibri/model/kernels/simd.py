@@ -242,3 +242,73 @@ def fma_float(typingctx, a, b, c):  # noqa: ANN001, ANN201
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v16f32")
         return builder.call(fn, list(args))
     return f32x16(a, b, c), codegen
+
+
+# -- for the K-quant blocks computed in place (``kquant_matmul``) ---------------------------------
+
+_VI8 = ir.VectorType(_I32, LANES // 2)
+_TWO_BITS = ir.Constant(_VI, [0x03030303] * LANES)
+
+
+@intrinsic
+def load_runs(typingctx, arr, a, b):  # noqa: ANN001, ANN201
+    """32 bytes from element ``a`` of a C-contiguous byte array as lanes 0-7, 32 from ``b`` as
+    lanes 8-15 (``a == b``: the same 32 bytes twice)."""
+    _check_c(arr)
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        lo = builder.load(_address(context, builder, sig.args[0], args[0], args[1], _VI8), align=1)
+        hi = builder.load(_address(context, builder, sig.args[0], args[0], args[2], _VI8), align=1)
+        return builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES))))
+    return i32x16(arr, a, b), codegen
+
+
+def _six_bits(shifts: tuple[int, int]):  # noqa: ANN202
+    """An intrinsic ``f(ql, qh)``: Q6_K's quants as bytes, each ``nibble | two bits << 4``, the
+    nibble the low (``shifts[0] == 0``) or high one of ``ql``'s bytes, the two bits ``qh``'s bytes
+    shifted right by ``shifts[0]`` in lanes 0-7 and ``shifts[1]`` in lanes 8-15."""
+    def six(typingctx, ql, qh):  # noqa: ANN001, ANN202
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            ql_v, qh_v = args
+            nib = ql_v if shifts[0] == 0 else builder.lshr(ql_v, ir.Constant(_VI, [4] * LANES))
+            nib = builder.and_(nib, _NIBBLE)
+            amounts = ir.Constant(_VI, [shifts[0]] * (LANES // 2) + [shifts[1]] * (LANES // 2))
+            top = builder.and_(builder.lshr(qh_v, amounts), _TWO_BITS)
+            return builder.or_(nib, builder.shl(top, ir.Constant(_VI, [4] * LANES)))
+        return i32x16(ql, qh), codegen
+    return intrinsic(six)
+
+
+# Q6_K: the quants of a 64-byte run of ``ql`` (lanes 0-7: bytes i, 8-15: bytes 32 + i) and its 32
+# bytes of ``qh`` (twice, ``load_runs``): from the low nibbles, values i and 32 + i of the half
+# block; from the high ones, 64 + i and 96 + i.
+six_bits_low = _six_bits((0, 2))
+six_bits_high = _six_bits((4, 6))
+
+
+@intrinsic
+def quad_floats(typingctx, a, b, c, e):  # noqa: ANN001, ANN201
+    """Lanes 0-3 ``a``, 4-7 ``b``, 8-11 ``c``, 12-15 ``e`` (float32)."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        four = ir.Constant(ir.VectorType(ir.FloatType(), 4), ir.Undefined)
+        for i, (v, ty) in enumerate(zip(args, sig.args, strict=True)):
+            value = context.cast(builder, v, ty, types.float32)
+            four = builder.insert_element(four, value, ir.Constant(_I32, i))
+        mask = ir.Constant(ir.VectorType(_I32, LANES), [i // 4 for i in range(LANES)])
+        return builder.shuffle_vector(four, ir.Constant(four.type, ir.Undefined), mask)
+    return f32x16(a, b, c, e), codegen
+
+
+@intrinsic
+def lane_sum(typingctx, v):  # noqa: ANN001, ANN201
+    """The 16 lanes' sum, in a fixed order (halves added pairwise: 8, 4, 2, 1)."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        v_, n = args[0], LANES
+        while n > 1:
+            n //= 2
+            undef = ir.Constant(v_.type, ir.Undefined)
+            lo = builder.shuffle_vector(v_, undef, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
+            hi = builder.shuffle_vector(v_, undef, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
+            v_ = builder.fadd(lo, hi)
+        return builder.extract_element(v_, ir.Constant(_I32, 0))
+    return types.float32(v), codegen
