@@ -1,9 +1,13 @@
 """The MoE headline: colibri's expert store against llama.cpp on the same file, under memory caps.
 
-    python bench/bench_moe_peer.py [--gguf PATH] [--caps 1.5:0.6,1.0:0.3] [--tokens 64] [--runs 3]
+    python bench/bench_moe_peer.py [--arch llama|qwen3moe | --gguf PATH] [--caps 1.5:0.6,1.0:0.3]
+        [--tokens 64] [--runs 3]
 
-The file is tools/make_synthetic_moe.py's (default: 24 layers x 64 experts of 1024x1024 Q4_0,
-top-4, 2.58 GiB, with a placeholder SentencePiece vocabulary so that llama.cpp loads it). Each case
+The file is tools/make_synthetic_moe.py's, written on first use, with a placeholder SentencePiece
+vocabulary so that llama.cpp loads it: ``--arch llama`` (the default) 24 layers x 64 experts of
+1024x1024 Q4_0, top-4, 2.58 GiB; ``--arch qwen3moe`` Qwen3-MoE's layout scaled down (``QWEN3MOE``:
+24 layers x 64 experts of 768 x 1024, top-8, q/k norms, 16 heads of 128) in llama.cpp's Q4_K_M mix,
+2.12 GiB. Each case
 is a memory cap (GB, RSS plus page cache, as a small machine's RAM: ``memcap.py`` says how it is
 applied here) and colibri's ``--ram-budget`` (GiB) under it, then one case with no cap and no budget.
 Every run is one fresh worker process started inside its cgroup, after the file's pages are dropped
@@ -48,6 +52,11 @@ DEFAULT_CAPS = "1.5:0.6,1.0:0.3"  # cap GB : colibri --ram-budget GiB, as in the
 HEAT_TOKENS = 128  # the earlier generation whose heat colibri pins (bench_moe's warm-up)
 RUN_TIMEOUT_S = 1800  # a thrashing run at a small cap is slow, not stuck
 CACHE = Path.home() / ".cache" / "colibri" / "bench"
+# The real-architecture file: Qwen3-30B-A3B's shape (48 layers, 128 experts of 768 x 2048, top-8,
+# 32 heads of 128, 4 KV heads) at half its width, half its depth and half its experts.
+QWEN3MOE = dict(arch="qwen3moe", n_layers=24, n_experts=64, n_used=8, n_embd=1024, n_ff=768,
+                n_heads=16, n_kv_heads=4, head_dim=128, n_vocab=4096)
+FILES = {"llama": (bench_moe.DEFAULT_GGUF, {}), "qwen3moe": (CACHE / "synthetic-qwen3moe.gguf", QWEN3MOE)}
 
 
 def peak_rss() -> int:
@@ -204,7 +213,9 @@ def main() -> None:
     w.add_argument("--budget", type=float, default=None, help="colibri's --ram-budget, GiB (none: no limit)")
     w.add_argument("--heat", type=Path, default=None)
     w.add_argument("--repack", action="store_true")
-    ap.add_argument("--gguf", type=Path, default=bench_moe.DEFAULT_GGUF)
+    ap.add_argument("--arch", choices=sorted(FILES), default="llama",
+                    help="which synthetic file (written on first use): llama Q4_0, qwen3moe Q4_K_M")
+    ap.add_argument("--gguf", type=Path, default=None, help="any MoE GGUF instead of --arch's file")
     ap.add_argument("--caps", default=DEFAULT_CAPS, help="CAP_GB:BUDGET_GIB,... (empty: uncapped only)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
@@ -214,10 +225,12 @@ def main() -> None:
     if args.mode == "worker":
         print(json.dumps({"colibri": work_colibri, "llama": work_llama, "heat": work_heat}[args.side](args)))
         return
-    if not args.gguf.exists():
-        args.gguf.parent.mkdir(parents=True, exist_ok=True)
-        print(f"writing {args.gguf} ...", flush=True)
-        bench_moe.load_tool().write_synthetic_moe(args.gguf)
+    if args.gguf is None:
+        args.gguf, shape = FILES[args.arch]
+        if not args.gguf.exists():
+            args.gguf.parent.mkdir(parents=True, exist_ok=True)
+            print(f"writing {args.gguf} ...", flush=True)
+            bench_moe.load_tool().write_synthetic_moe(args.gguf, **shape)
     cap = MemoryCap.detect()
     file_bytes = args.gguf.stat().st_size
     print(f"model {args.gguf.name} ({file_bytes / 1e9:.2f} GB), {args.tokens} tokens sampled at "
