@@ -6,7 +6,8 @@ is no bigger than the file; the general path for such weights decodes every weig
 first (``block_matmul``), which made a Q4_K_M MoE's decode ~20x slower than its Q4_0 twin. Here a
 weight row is read as llama.cpp's CPU kernels read it: per 256-value super-block, 64 quant bytes
 a vector, one ``vpdpbusd`` per vector and activation level, the block's scales applied per lane
-(``quad_floats``), the lanes summed once at the row's end. The activations are the integer path's
+(one vector of a super-block's scales, spread over the lanes by a shuffle), the lanes summed once
+at the row's end. The activations are the integer path's
 (``int8_matmul``): three 8-bit levels per 32 values, so a row's result is the float product's
 within float32's noise; the offsets (Q4_K's ``dmin m``, Q6_K's ``-32``) are applied to the exact
 float sums of the activations. Each (activation row, weight row) takes the same steps whatever the
@@ -25,23 +26,33 @@ import numpy as np
 
 from colibri.model.kernels.int8_matmul import LEVELS, quantize_row
 from colibri.model.kernels.simd import (
+    bytes_to_floats,
     dpbusd,
     fma_float,
     high_nibbles,
     lane_sum,
     load_bytes,
     load_floats,
+    load_i8_floats,
     load_runs,
     low_nibbles,
     mul_float,
-    quad_floats,
     six_bits_high,
     six_bits_low,
+    splat_float,
+    spread_0_2,
+    spread_1_3,
+    spread_4_6,
+    spread_5_7,
+    spread_quad0,
+    spread_quad1,
+    spread_quad2,
+    spread_quad3,
     to_float,
     zeros_float,
     zeros_int,
 )
-from colibri.store.blocks import Q4_K_SIZE, Q6_K_SIZE, QK_K, T_Q4_K, T_Q6_K, half, scale_min_k4
+from colibri.store.blocks import Q4_K_SIZE, Q6_K_SIZE, QK_K, T_Q4_K, T_Q6_K, half
 from colibri.store.formats import BLOCK
 from colibri.store.packed import JIT_OPTIONS, Weight, block_row
 
@@ -99,72 +110,92 @@ def _vector(acc, wv, xqf: np.ndarray, xa: int, k: int, dvf: np.ndarray, at: int,
 
 
 @nb.njit(inline="always", **_JIT)
-def _q4_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: int, dvf: np.ndarray,
-              xs32: np.ndarray) -> np.float32:
-    """One Q4_K row at ``raw[at:]`` against the activation row whose quants, in Q4_K's run order
-    (``Q4K_ORDER``), start at ``x0``: ``sum d sc_j (q . x) - dmin m_j sum(x)`` over the 32-value
-    sub-blocks j."""
-    acc = zeros_float()
-    mins = np.float32(0.0)
-    for sb in range(n_sb):
-        base = at + sb * Q4_K_SIZE
-        d, dmin = half(raw[base], raw[base + 1]), half(raw[base + 2], raw[base + 3])
-        s0, m0 = scale_min_k4(raw, base + 4, 0)
-        s1, m1 = scale_min_k4(raw, base + 4, 1)
-        s2, m2 = scale_min_k4(raw, base + 4, 2)
-        s3, m3 = scale_min_k4(raw, base + 4, 3)
-        s4, m4 = scale_min_k4(raw, base + 4, 4)
-        s5, m5 = scale_min_k4(raw, base + 4, 5)
-        s6, m6 = scale_min_k4(raw, base + 4, 6)
-        s7, m7 = scale_min_k4(raw, base + 4, 7)
-        j = sb * 8
-        mins += dmin * (np.float32(m0) * xs32[j] + np.float32(m1) * xs32[j + 1] + np.float32(m2) * xs32[j + 2]
-                        + np.float32(m3) * xs32[j + 3] + np.float32(m4) * xs32[j + 4]
-                        + np.float32(m5) * xs32[j + 5] + np.float32(m6) * xs32[j + 6]
-                        + np.float32(m7) * xs32[j + 7])
-        v0, v1 = load_bytes(raw, base + 16), load_bytes(raw, base + 80)
-        xb, dv = x0 + sb * QK_K, sb * 4 * _PER_VECTOR
-        acc = _vector(acc, low_nibbles(v0), xqf, xb, k, dvf, dv, quad_floats(d * s0, d * s0, d * s2, d * s2))
-        acc = _vector(acc, high_nibbles(v0), xqf, xb + 64, k, dvf, dv + _PER_VECTOR,
-                      quad_floats(d * s1, d * s1, d * s3, d * s3))
-        acc = _vector(acc, low_nibbles(v1), xqf, xb + 128, k, dvf, dv + 2 * _PER_VECTOR,
-                      quad_floats(d * s4, d * s4, d * s6, d * s6))
-        acc = _vector(acc, high_nibbles(v1), xqf, xb + 192, k, dvf, dv + 3 * _PER_VECTOR,
-                      quad_floats(d * s5, d * s5, d * s7, d * s7))
-    return lane_sum(acc) - mins
+def _u32(raw: np.ndarray, at: int) -> np.int64:
+    return (np.int64(raw[at]) | (np.int64(raw[at + 1]) << 8) | (np.int64(raw[at + 2]) << 16)
+            | (np.int64(raw[at + 3]) << 24))
 
 
 @nb.njit(inline="always", **_JIT)
-def _i8(byte: np.uint8) -> np.float32:
-    v = np.int64(byte)
-    return np.float32(v - 256 if v >= 128 else v)
+def _q4_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: int, dvf: np.ndarray,
+              xsm: np.ndarray) -> np.float32:
+    """One Q4_K row at ``raw[at:]`` against the activation row whose quants, in Q4_K's run order
+    (``Q4K_ORDER``), start at ``x0``: ``sum d sc_j (q . x) - dmin m_j sum(x)`` over the 32-value
+    sub-blocks j. The eight 6-bit scales and mins come out of their 12 bytes as three words, as
+    llama.cpp unpacks them; the mins' term is one vector product with ``-sum(x)`` (``xsm``)."""
+    acc = zeros_float()
+    for sb in range(n_sb):
+        base = at + sb * Q4_K_SIZE
+        d, dmin = half(raw[base], raw[base + 1]), half(raw[base + 2], raw[base + 3])
+        w0, w1, w2 = _u32(raw, base + 4), _u32(raw, base + 8), _u32(raw, base + 12)
+        sc_hi = (w2 & 0x0F0F0F0F) | (((w0 >> 6) & 0x03030303) << 4)
+        m_hi = ((w2 >> 4) & 0x0F0F0F0F) | (((w1 >> 6) & 0x03030303) << 4)
+        scv = mul_float(bytes_to_floats(w0 & 0x3F3F3F3F, sc_hi), splat_float(d))
+        mv = mul_float(bytes_to_floats(w1 & 0x3F3F3F3F, m_hi), splat_float(dmin))
+        acc = fma_float(mv, load_floats(xsm, sb * 16), acc)
+        v0, v1 = load_bytes(raw, base + 16), load_bytes(raw, base + 80)
+        xb, dv = x0 + sb * QK_K, sb * 4 * _PER_VECTOR
+        acc = _vector(acc, low_nibbles(v0), xqf, xb, k, dvf, dv, spread_0_2(scv))
+        acc = _vector(acc, high_nibbles(v0), xqf, xb + 64, k, dvf, dv + _PER_VECTOR, spread_1_3(scv))
+        acc = _vector(acc, low_nibbles(v1), xqf, xb + 128, k, dvf, dv + 2 * _PER_VECTOR, spread_4_6(scv))
+        acc = _vector(acc, high_nibbles(v1), xqf, xb + 192, k, dvf, dv + 3 * _PER_VECTOR, spread_5_7(scv))
+    return lane_sum(acc)
 
 
 @nb.njit(inline="always", **_JIT)
 def _q6_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: int, dvf: np.ndarray,
-              xs16: np.ndarray) -> np.float32:
-    """One Q6_K row: ``sum d sc_i ((q - 32) . x)`` over the 16-value sub-blocks i, the ``-32``
-    applied to the float sums of x."""
+              xso: np.ndarray) -> np.float32:
+    """One Q6_K row: ``sum d sc_i ((q - 32) . x)`` over the 16-value sub-blocks i, the ``-32`` one
+    vector product of the scales with ``-32 sum(x)`` (``xso``)."""
     acc = zeros_float()
-    offs = np.float32(0.0)
     for sb in range(n_sb):
         base = at + sb * Q6_K_SIZE
-        d = half(raw[base + 208], raw[base + 209])
-        sc = base + 192
-        for i in range(16):
-            offs += d * _i8(raw[sc + i]) * xs16[sb * 16 + i]
-        for n in range(2):
-            ql = load_bytes(raw, base + 64 * n)
-            qh = load_runs(raw, base + 128 + 32 * n, base + 128 + 32 * n)  # its 32 bytes twice
-            s = sc + 8 * n
-            xb, dv = x0 + sb * QK_K + 128 * n, (sb * 4 + 2 * n) * _PER_VECTOR
-            acc = _vector(acc, six_bits_low(ql, qh), xqf, xb, k, dvf, dv,
-                          quad_floats(d * _i8(raw[s]), d * _i8(raw[s + 1]), d * _i8(raw[s + 2]),
-                                      d * _i8(raw[s + 3])))
-            acc = _vector(acc, six_bits_high(ql, qh), xqf, xb + 64, k, dvf, dv + _PER_VECTOR,
-                          quad_floats(d * _i8(raw[s + 4]), d * _i8(raw[s + 5]), d * _i8(raw[s + 6]),
-                                      d * _i8(raw[s + 7])))
-    return lane_sum(acc) - np.float32(32.0) * offs
+        scv = mul_float(load_i8_floats(raw, base + 192), splat_float(half(raw[base + 208], raw[base + 209])))
+        acc = fma_float(scv, load_floats(xso, sb * 16), acc)
+        xb, dv = x0 + sb * QK_K, sb * 4 * _PER_VECTOR
+        ql = load_bytes(raw, base)
+        qh = load_runs(raw, base + 128, base + 128)  # its 32 bytes twice
+        acc = _vector(acc, six_bits_low(ql, qh), xqf, xb, k, dvf, dv, spread_quad0(scv))
+        acc = _vector(acc, six_bits_high(ql, qh), xqf, xb + 64, k, dvf, dv + _PER_VECTOR, spread_quad1(scv))
+        ql = load_bytes(raw, base + 64)
+        qh = load_runs(raw, base + 160, base + 160)
+        acc = _vector(acc, six_bits_low(ql, qh), xqf, xb + 128, k, dvf, dv + 2 * _PER_VECTOR,
+                      spread_quad2(scv))
+        acc = _vector(acc, six_bits_high(ql, qh), xqf, xb + 192, k, dvf, dv + 3 * _PER_VECTOR,
+                      spread_quad3(scv))
+    return lane_sum(acc)
+
+
+@nb.njit(**_JIT)
+def _prepare(x: np.ndarray, xq: np.ndarray, xq4: np.ndarray, dv4: np.ndarray, dv6: np.ndarray,
+             xsm: np.ndarray, xso: np.ndarray) -> None:
+    """The activation rows as both formats' vectors take them: the three levels of quants (in Q4_K's
+    run order too), each vector's lane scales, and the offsets' sums. Not in the parallel function:
+    numba would make each of its array copies a parallel region of its own."""
+    t_rows, k = x.shape
+    n_sb = k // QK_K
+    dx = np.empty((t_rows, LEVELS, k // BLOCK), np.float32)
+    sx = np.empty((t_rows, LEVELS, k // BLOCK), np.int32)
+    xsm[:] = 0.0
+    for t in range(t_rows):
+        quantize_row(x[t], BLOCK, xq[t], dx[t], sx[t])
+        for lv in range(LEVELS):
+            for sb in range(n_sb):
+                for j in range(8):
+                    src, dst = sb * QK_K + Q4K_ORDER[j] * BLOCK, sb * QK_K + j * BLOCK
+                    for i in range(BLOCK):
+                        xq4[t, lv, dst + i] = xq[t, lv, src + i]
+        for j in range(k // 16):
+            s = np.float32(0.0)
+            for i in range(16 * j, 16 * j + 16):
+                s += x[t, i]
+            xso[t, j] = np.float32(-32.0) * s
+        for j in range(k // BLOCK):
+            s = np.float32(0.0)
+            for i in range(BLOCK * j, BLOCK * j + BLOCK):
+                s += x[t, i]
+            xsm[t, (j // 8) * 16 + j % 8] = -s
+        _lane_scales(dx[t], Q4K_RUNS, dv4[t])
+        _lane_scales(dx[t], Q6K_RUNS, dv6[t])
 
 
 @nb.njit(parallel=True, **_JIT)
@@ -174,31 +205,11 @@ def kquant_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     n_sb = k // QK_K
     xq = np.empty((t_rows, LEVELS, k), np.int8)
     xq4 = np.empty((t_rows, LEVELS, k), np.int8)  # the same in Q4_K's run order
-    dx = np.empty((t_rows, LEVELS, k // BLOCK), np.float32)
-    sx = np.empty((t_rows, LEVELS, k // BLOCK), np.int32)
-    xs32 = np.empty((t_rows, k // BLOCK), np.float32)
-    xs16 = np.empty((t_rows, k // 16), np.float32)
     dv4 = np.empty((t_rows, n_sb * 4 * _PER_VECTOR), np.float32)
     dv6 = np.empty((t_rows, n_sb * 4 * _PER_VECTOR), np.float32)
-    for t in range(t_rows):
-        quantize_row(x[t], BLOCK, xq[t], dx[t], sx[t])
-        for lv in range(LEVELS):
-            for sb in range(n_sb):
-                for j in range(8):
-                    src, dst = sb * QK_K + Q4K_ORDER[j] * BLOCK, sb * QK_K + j * BLOCK
-                    xq4[t, lv, dst : dst + BLOCK] = xq[t, lv, src : src + BLOCK]
-        for j in range(k // 16):
-            s = np.float32(0.0)
-            for i in range(16 * j, 16 * j + 16):
-                s += x[t, i]
-            xs16[t, j] = s
-        for j in range(k // BLOCK):
-            s = np.float32(0.0)
-            for i in range(BLOCK * j, BLOCK * j + BLOCK):
-                s += x[t, i]
-            xs32[t, j] = s
-        _lane_scales(dx[t], Q4K_RUNS, dv4[t])
-        _lane_scales(dx[t], Q6K_RUNS, dv6[t])
+    xsm = np.empty((t_rows, n_sb * 16), np.float32)  # -sum(x) per 32 values, 8 per super-block
+    xso = np.empty((t_rows, k // 16), np.float32)  # -32 sum(x) per 16 values
+    _prepare(x, xq, xq4, dv4, dv6, xsm, xso)
     xqf, xq4f = xq.reshape(-1), xq4.reshape(-1)
     n_rows = w.n_rows
     n_chunks = min(n_rows, MAX_CHUNKS)
@@ -208,6 +219,6 @@ def kquant_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
             for t in range(t_rows):
                 x0 = t * LEVELS * k
                 if gtype == T_Q4_K:
-                    out[t, r] = _q4_k_row(w.raw, at, n_sb, xq4f, x0, k, dv4[t], xs32[t])
+                    out[t, r] = _q4_k_row(w.raw, at, n_sb, xq4f, x0, k, dv4[t], xsm[t])
                 else:
-                    out[t, r] = _q6_k_row(w.raw, at, n_sb, xqf, x0, k, dv6[t], xs16[t])
+                    out[t, r] = _q6_k_row(w.raw, at, n_sb, xqf, x0, k, dv6[t], xso[t])

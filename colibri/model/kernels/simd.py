@@ -287,19 +287,6 @@ six_bits_high = _six_bits((4, 6))
 
 
 @intrinsic
-def quad_floats(typingctx, a, b, c, e):  # noqa: ANN001, ANN201
-    """Lanes 0-3 ``a``, 4-7 ``b``, 8-11 ``c``, 12-15 ``e`` (float32)."""
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        four = ir.Constant(ir.VectorType(ir.FloatType(), 4), ir.Undefined)
-        for i, (v, ty) in enumerate(zip(args, sig.args, strict=True)):
-            value = context.cast(builder, v, ty, types.float32)
-            four = builder.insert_element(four, value, ir.Constant(_I32, i))
-        mask = ir.Constant(ir.VectorType(_I32, LANES), [i // 4 for i in range(LANES)])
-        return builder.shuffle_vector(four, ir.Constant(four.type, ir.Undefined), mask)
-    return f32x16(a, b, c, e), codegen
-
-
-@intrinsic
 def lane_sum(typingctx, v):  # noqa: ANN001, ANN201
     """The 16 lanes' sum, in a fixed order (halves added pairwise: 8, 4, 2, 1)."""
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
@@ -312,3 +299,47 @@ def lane_sum(typingctx, v):  # noqa: ANN001, ANN201
             v_ = builder.fadd(lo, hi)
         return builder.extract_element(v_, ir.Constant(_I32, 0))
     return types.float32(v), codegen
+
+
+@intrinsic
+def bytes_to_floats(typingctx, lo, hi):  # noqa: ANN001, ANN201
+    """The four bytes of ``lo`` then of ``hi`` (the low 32 bits of each, little-endian), unsigned,
+    as float32 lanes 0-7; lanes 8-15 zero."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        two = ir.Constant(ir.VectorType(_I32, 2), ir.Undefined)
+        for i, (v, ty) in enumerate(zip(args, sig.args, strict=True)):
+            two = builder.insert_element(two, builder.trunc(v, _I32) if ty.bitwidth > 32 else v,
+                                         ir.Constant(_I32, i))
+        eight = builder.zext(builder.bitcast(two, ir.VectorType(_I8, 8)), ir.VectorType(_I32, 8))
+        floats = builder.uitofp(eight, ir.VectorType(ir.FloatType(), 8))
+        zero = ir.Constant(ir.VectorType(ir.FloatType(), 8), [0.0] * 8)
+        mask = ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES)))
+        return builder.shuffle_vector(floats, zero, mask)
+    return f32x16(lo, hi), codegen
+
+
+# 16 signed bytes of a byte array from element ``idx``, as float32 lanes.
+load_i8_floats = _vector_load(ir.VectorType(_I8, LANES), 1, f32x16,
+                              lambda builder, v: builder.sitofp(v, _VF))
+
+
+def _spread(lanes: list[int]):  # noqa: ANN202
+    """An intrinsic ``f(v)``: lane i of the result is lane ``lanes[i]`` of ``v``."""
+    def spread(typingctx, v):  # noqa: ANN001, ANN202
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            return builder.shuffle_vector(args[0], ir.Constant(_VF, ir.Undefined),
+                                          ir.Constant(ir.VectorType(_I32, LANES), lanes))
+        return f32x16(v), codegen
+    return intrinsic(spread)
+
+
+# Q4_K's vectors: lanes 0-7 one sub-block's scale, 8-15 another's (``kquant_matmul.Q4K_RUNS``).
+spread_0_2 = _spread([0] * 8 + [2] * 8)
+spread_1_3 = _spread([1] * 8 + [3] * 8)
+spread_4_6 = _spread([4] * 8 + [6] * 8)
+spread_5_7 = _spread([5] * 8 + [7] * 8)
+# Q6_K's: four 16-value scales a vector, each over four lanes (scales 0-3, 4-7, 8-11, 12-15).
+spread_quad0 = _spread([i // 4 for i in range(LANES)])
+spread_quad1 = _spread([4 + i // 4 for i in range(LANES)])
+spread_quad2 = _spread([8 + i // 4 for i in range(LANES)])
+spread_quad3 = _spread([12 + i // 4 for i in range(LANES)])
