@@ -38,11 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
-# The OpenMP and BLAS settings colibri's import sets by default (colibri/__init__.py). llama.cpp's
-# workers drop the ones that were not set before the first import (recorded here by the parent,
-# inherited by every worker), so that the peer starts its OpenMP at its own defaults.
-COLIBRI_DEFAULTS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS")
-os.environ.setdefault("COLI_BENCH_PEER_UNSET", ",".join(k for k in COLIBRI_DEFAULTS if k not in os.environ))
+import colibri
+
+# The OpenMP and BLAS settings colibri's import set (``colibri.ENV_SET``): llama.cpp's workers drop
+# them (recorded by the parent, whose import is the first, and inherited by every worker), so that
+# the peer starts its OpenMP at its own defaults.
+os.environ.setdefault("COLI_BENCH_PEER_UNSET", ",".join(colibri.ENV_SET))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_moe  # noqa: E402  (the synthetic model, the prompt, the decode loop, the cache drop)
 from memcap import MemoryCap  # noqa: E402

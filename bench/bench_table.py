@@ -40,9 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
-# llama.cpp's workers run in the environment as it was before colibri's import set its OpenMP and
-# BLAS defaults (colibri/__init__.py): the peer at its own defaults.
-PEER_ENV = dict(os.environ)
+import colibri
+
+# llama.cpp's workers run without the OpenMP and BLAS settings colibri's import set
+# (``colibri.ENV_SET``): the peer at its own defaults.
+PEER_ENV = {k: v for k, v in os.environ.items() if k not in colibri.ENV_SET}
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine import QUESTIONS, Engine, prompt  # noqa: E402
 from bench_http import proc_cpu_s  # noqa: E402

@@ -6,22 +6,29 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-# BLAS runs inside numba's parallel regions, one tile per thread: its own thread pool would
-# fight numba's spinning OpenMP threads for the cores (colibri/model/kernels/__init__.py).
-# Set before numpy or scipy first load OpenBLAS.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-# OpenMP's threads spin ~300k rounds after each parallel region before they sleep. With the cores
-# to ourselves that spin is free; with any other busy process (a test suite, a second engine) the
-# spinning threads steal the cores the work needs: a loaded 2-core machine ran 15x slower. A short
-# spin costs nothing measurable when idle (bench/bench_forward.py) and keeps loaded runs sane.
-os.environ.setdefault("GOMP_SPINCOUNT", "2000")
-# Once more threads have ever started OpenMP regions than there are cores (the engine: the main
-# thread loads the model, a trio worker thread runs the steps, each with its own pool), libgomp
-# spins only its "throttled" count, 100 rounds (~1 us), and the pool's threads fall asleep between
-# the regions of one step: every region then waits on a futex wake-up. One stream through `coli
-# engine` ran at half `coli run`'s speed (50 against ~100 tok/s, 2 threads). ACTIVE raises that
-# count to 1000 (the spin itself stays GOMP_SPINCOUNT's): 93-118 tok/s (docs/performance.md).
-os.environ.setdefault("OMP_WAIT_POLICY", "ACTIVE")
+# The process settings colibri sets unless the environment has its own, before numpy, scipy or
+# numba first load OpenBLAS and libgomp. ``ENV_SET``: the names this import set, so that a
+# benchmark can run a peer (llama.cpp) at its own defaults.
+ENV_DEFAULTS = {
+    # BLAS runs inside numba's parallel regions, one tile per thread: its own thread pool would
+    # fight numba's spinning OpenMP threads for the cores (colibri/model/kernels/__init__.py).
+    "OPENBLAS_NUM_THREADS": "1",
+    # OpenMP's threads spin ~300k rounds after each parallel region before they sleep. With the
+    # cores to ourselves that spin is free; with any other busy process (a test suite, a second
+    # engine) the spinning threads steal the cores the work needs: a loaded 2-core machine ran 15x
+    # slower. A short spin costs nothing measurable when idle (bench/bench_forward.py).
+    "GOMP_SPINCOUNT": "2000",
+    # Once more threads have ever started OpenMP regions than there are cores (each has a pool of
+    # its own), libgomp spins only its "throttled" count, 100 rounds (~1 us), and the pools'
+    # threads fall asleep between the regions of one step, each region then waiting on a futex
+    # wake-up: one stream through `coli engine` ran at half `coli run`'s speed (50 against ~100
+    # tok/s). ACTIVE raises that count to 1000 (the spin itself stays GOMP_SPINCOUNT's); the
+    # engine also runs every step on one thread (colibri/sched/compute.py; docs/performance.md).
+    "OMP_WAIT_POLICY": "ACTIVE",
+}
+ENV_SET = tuple(name for name in ENV_DEFAULTS if name not in os.environ)
+for _name, _value in ENV_DEFAULTS.items():
+    os.environ.setdefault(_name, _value)
 
 
 def _numba_cache_dir() -> str:

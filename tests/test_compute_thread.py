@@ -1,4 +1,5 @@
-"""The engine's compute thread (colibri/sched/compute.py): one thread for every model call."""
+"""The engine's compute thread (colibri/sched/compute.py): one thread for every model call, so
+that libgomp manages one pool; and the OpenMP defaults colibri sets for it."""
 
 from __future__ import annotations
 
@@ -72,3 +73,21 @@ def test_exit_joins_the_thread():
     with compute:
         compute.call(lambda: None)
     assert not compute._thread.is_alive()
+
+
+def test_colibris_openmp_defaults_keep_what_the_environment_sets():
+    """``colibri``'s import sets its OpenMP and BLAS defaults only where the environment has none,
+    and says which it set (``ENV_SET``: what a benchmark drops to run llama.cpp at its own)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OPENBLAS_NUM_THREADS")}
+    env["OMP_WAIT_POLICY"] = "PASSIVE"
+    code = ("import json, os, colibri; print(json.dumps([colibri.ENV_SET, "
+            "[os.environ[k] for k in ('GOMP_SPINCOUNT', 'OMP_WAIT_POLICY', 'OPENBLAS_NUM_THREADS')]]))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    env_set, values = json.loads(out.stdout)
+    assert env_set == ["OPENBLAS_NUM_THREADS", "GOMP_SPINCOUNT"]
+    assert values == ["2000", "PASSIVE", "1"]

@@ -7,11 +7,11 @@ first (``block_matmul``), which made a Q4_K_M MoE's decode ~20x slower than its 
 weight row is read as llama.cpp's CPU kernels read it: per 256-value super-block, 64 quant bytes
 a vector, one ``vpdpbusd`` per vector and activation level, the block's scales applied per lane
 (one vector of a super-block's scales, spread over the lanes by a shuffle), the lanes summed once
-at the row's end. The activations are the integer path's
-(``int8_matmul``): three 8-bit levels per 32 values, so a row's result is the float product's
-within float32's noise; the offsets (Q4_K's ``dmin m``, Q6_K's ``-32``) are applied to the exact
-float sums of the activations. Each (activation row, weight row) takes the same steps whatever the
-batch, so a result does not depend on the other rows of the step.
+at the row's end. The activations are the integer path's (``int8_matmul``): three 8-bit levels per
+32 values, so a row's result is the float product's within float32's noise; the offsets (Q4_K's
+``dmin m``, Q6_K's ``-32``) are applied to the exact float sums of the activations. Each
+(activation row, weight row) takes the same steps whatever the batch, so a result does not depend
+on the other rows of the step.
 
 Vector lanes 0-7 and 8-15 hold two 32-value runs of a super-block: for Q4_K's low nibbles of
 bytes 0-63 the values 0-31 and 64-95 (its sub-blocks 0 and 2), and so on (``Q4K_RUNS``); for Q6_K
@@ -57,8 +57,6 @@ from colibri.store.formats import BLOCK
 from colibri.store.packed import JIT_OPTIONS, Weight, block_row
 
 _JIT = JIT_OPTIONS
-# The block types this path computes; a weight with any other part takes ``block_matmul``.
-TYPES = (T_Q4_K, T_Q6_K)
 # Runs of rows the threads split a matrix into (a constant: numba cannot cache code that asks
 # for the thread count).
 MAX_CHUNKS = 32
@@ -74,7 +72,8 @@ _PER_VECTOR = LEVELS * 16
 
 @nb.njit(**_JIT)
 def computes(w: Weight) -> bool:
-    """Whether every part of an in-place weight is Q4_K or Q6_K, over whole super-blocks."""
+    """Whether every part of an in-place weight is Q4_K or Q6_K (this path's formats; a weight with
+    any other part takes ``block_matmul``)."""
     for p in range(w.parts.shape[0]):
         t = w.parts[p, 3]
         if t != T_Q4_K and t != T_Q6_K:
