@@ -33,7 +33,7 @@ from typing import NamedTuple
 import gguf
 import numpy as np
 
-from colibri.store.formats import GGMLType, quantize
+from colibri.store.formats import FORMATS, GGMLType, quantize, row_nbytes
 
 Q4_0_BLOCK_BYTES = 18  # f16 scale + 16 bytes of nibbles, per 32 weights
 # The experts' scale: nibbles are uniform in 1..15 (value d*(q-8)), so d sets the output's size;
@@ -57,9 +57,7 @@ def _random_q4_0(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-QK_K = 256  # values per K-quant super-block
-Q4_K_BLOCK_BYTES = 144  # d, dmin (f16 each), 12 bytes of 6-bit scales and mins, 128 of nibbles
-Q6_K_BLOCK_BYTES = 210  # 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, d (f16)
+QK_K = FORMATS[GGMLType.Q4_K].block  # values per K-quant super-block
 # The spread of one random Q4_0 weight, d*(q-8) with q uniform in 1..15: the K-quant experts are
 # drawn with the same spread, so that both files' hidden states (and routing) behave alike.
 Q4_0_SPREAD = 4.32
@@ -74,7 +72,7 @@ def _random_q4_k(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     32-value sub-block; ``m`` is drawn so that ``dmin m`` is ``d sc 7.5`` to the nearest step, so
     each sub-block is centred near zero (nibbles uniform in 0..15)."""
     n = rows * (cols // QK_K)
-    blocks = np.empty((n, Q4_K_BLOCK_BYTES), dtype=np.uint8)
+    blocks = np.empty((n, FORMATS[GGMLType.Q4_K].nbytes), dtype=np.uint8)
     sc = rng.integers(16, 64, (n, 8), dtype=np.uint8)  # 6-bit scales, not tiny
     d = np.float16(_spread(cols) / (float(np.mean(np.arange(16, 64))) * 4.61))  # 4.61: std of 0..15
     dmin = np.float16(float(d) * 8.0)
@@ -94,7 +92,7 @@ def _random_q6_k(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     """Random Q6_K rows (uint8, [rows, cols/256*210]): a value is ``d sc (q - 32)`` per 16-value
     sub-block, q uniform in 0..63 (centred), the int8 scales of either sign."""
     n = rows * (cols // QK_K)
-    blocks = np.empty((n, Q6_K_BLOCK_BYTES), dtype=np.uint8)
+    blocks = np.empty((n, FORMATS[GGMLType.Q6_K].nbytes), dtype=np.uint8)
     blocks[:, :192] = rng.integers(0, 256, (n, 192), dtype=np.uint8)
     sc = rng.integers(16, 64, (n, 16)) * rng.choice(np.array([-1, 1]), (n, 16))
     blocks[:, 192:208] = sc.astype(np.int8).view(np.uint8)
@@ -108,14 +106,12 @@ Q4 = gguf.GGMLQuantizationType.Q4_0
 Q4_K = gguf.GGMLQuantizationType.Q4_K
 Q6_K = gguf.GGMLQuantizationType.Q6_K
 F32 = gguf.GGMLQuantizationType.F32
-# Each block type's random rows and bytes per block of 32 or 256 values.
-_RANDOM = {Q4: (_random_q4_0, 32, Q4_0_BLOCK_BYTES), Q4_K: (_random_q4_k, QK_K, Q4_K_BLOCK_BYTES),
-           Q6_K: (_random_q6_k, QK_K, Q6_K_BLOCK_BYTES)}
+# Each block type's random rows.
+_RANDOM = {Q4: _random_q4_0, Q4_K: _random_q4_k, Q6_K: _random_q6_k}
 
 
 def _row_bytes(qtype: gguf.GGMLQuantizationType, cols: int) -> int:
-    _, block, nbytes = _RANDOM[qtype]
-    return cols // block * nbytes
+    return row_nbytes(GGMLType(int(qtype)), cols)
 
 
 def use_more_bits(layer: int, n_layers: int) -> bool:
@@ -137,11 +133,11 @@ class _Weights:
         self.lean = router_lean / np.arange(1, n_experts + 1) ** ZIPF_EXPONENT
 
     def matrix(self, qtype: gguf.GGMLQuantizationType, rows: int, cols: int) -> Make:
-        return lambda: _RANDOM[qtype][0](self.rng, rows, cols)
+        return lambda: _RANDOM[qtype](self.rng, rows, cols)
 
     def experts(self, qtype: gguf.GGMLQuantizationType, rows: int, cols: int) -> Make:
         """[n_expert, rows, cols] as n_expert*rows raw rows; gguf-py derives the 3-D shape."""
-        make = _RANDOM[qtype][0]
+        make = _RANDOM[qtype]
         return lambda: make(self.rng, self.n_experts * rows, cols).reshape(self.n_experts, rows, -1)
 
     def embedding(self, qtype: gguf.GGMLQuantizationType) -> Make:

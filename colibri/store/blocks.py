@@ -128,7 +128,7 @@ def _q3_k(w: np.ndarray, out: np.ndarray) -> None:
 
 
 @nb.njit(inline="always", **JIT_OPTIONS)
-def scale_min_k4(w: np.ndarray, s: int, j: int) -> tuple[np.int64, np.int64]:
+def _scale_min_k4(w: np.ndarray, s: int, j: int) -> tuple[np.int64, np.int64]:
     """Scale and min j (0..7) of a Q4_K/Q5_K block, six bits each, packed in 12 bytes at s."""
     if j < 4:
         return np.int64(w[s + j]) & 63, np.int64(w[s + j + 4]) & 63
@@ -145,9 +145,9 @@ def _q45_k(w: np.ndarray, out: np.ndarray, size: int, fifth_bit: bool) -> None:
         d, dmin = half(w[base], w[base + 1]), half(w[base + 2], w[base + 3])
         qs = base + (48 if fifth_bit else 16)
         for j64 in range(4):
-            sc, mn = scale_min_k4(w, base + 4, 2 * j64)
+            sc, mn = _scale_min_k4(w, base + 4, 2 * j64)
             d1, m1 = d * np.float32(sc), dmin * np.float32(mn)
-            sc, mn = scale_min_k4(w, base + 4, 2 * j64 + 1)
+            sc, mn = _scale_min_k4(w, base + 4, 2 * j64 + 1)
             d2, m2 = d * np.float32(sc), dmin * np.float32(mn)
             y, q = b * QK_K + 64 * j64, qs + 32 * j64
             for i in range(32):

@@ -41,10 +41,10 @@ from colibri.store.blocks import (
     T_Q5_K,
     T_Q6_K,
     _q3_k_scale,
+    _scale_min_k4,
     _u32,
     half,
     iq4_sub_block,
-    scale_min_k4,
 )
 from colibri.store.formats import BLOCK, FORMATS, GGMLType
 
@@ -109,7 +109,7 @@ def _q45_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray, size: int
         qs = base + (48 if fifth_bit else 16)
         for j64 in range(4):
             for k in range(2):  # the low nibbles' 32 values, then the high ones'
-                sc, mn = scale_min_k4(w, base + 4, 2 * j64 + k)
+                sc, mn = _scale_min_k4(w, base + 4, 2 * j64 + k)
                 sub = b * (QK_K // BLOCK) + 2 * j64 + k
                 d[sub], m[sub] = dd * np.float32(sc), -(dmin * np.float32(mn))
                 for i in range(32):

@@ -52,7 +52,7 @@ from colibri.model.kernels.simd import (
     zeros_float,
     zeros_int,
 )
-from colibri.store.blocks import Q4_K_SIZE, Q6_K_SIZE, QK_K, T_Q4_K, T_Q6_K, half
+from colibri.store.blocks import Q4_K_SIZE, Q6_K_SIZE, QK_K, T_Q4_K, T_Q6_K, _u32, half
 from colibri.store.formats import BLOCK
 from colibri.store.packed import JIT_OPTIONS, Weight, block_row
 
@@ -109,12 +109,6 @@ def _vector(acc, wv, xqf: np.ndarray, xa: int, k: int, dvf: np.ndarray, at: int,
 
 
 @nb.njit(inline="always", **_JIT)
-def _u32(raw: np.ndarray, at: int) -> np.int64:
-    return (np.int64(raw[at]) | (np.int64(raw[at + 1]) << 8) | (np.int64(raw[at + 2]) << 16)
-            | (np.int64(raw[at + 3]) << 24))
-
-
-@nb.njit(inline="always", **_JIT)
 def _q4_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: int, dvf: np.ndarray,
               xsm: np.ndarray) -> np.float32:
     """One Q4_K row at ``raw[at:]`` against the activation row whose quants, in Q4_K's run order
@@ -165,11 +159,16 @@ def _q6_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: 
 
 
 @nb.njit(**_JIT)
-def _prepare(x: np.ndarray, xq: np.ndarray, xq4: np.ndarray, dv4: np.ndarray, dv6: np.ndarray,
-             xsm: np.ndarray, xso: np.ndarray) -> None:
-    """The activation rows as both formats' vectors take them: the three levels of quants (in Q4_K's
-    run order too), each vector's lane scales, and the offsets' sums. Not in the parallel function:
-    numba would make each of its array copies a parallel region of its own."""
+def _prepare(x: np.ndarray, w: Weight, xq: np.ndarray, xq4: np.ndarray, dv4: np.ndarray,
+             dv6: np.ndarray, xsm: np.ndarray, xso: np.ndarray) -> None:
+    """The activation rows as the vectors of ``w``'s formats take them: the three levels of quants
+    (in Q4_K's run order where it has Q4_K parts), each vector's lane scales, and the offsets'
+    sums. Not in the parallel function: numba would make each of its array copies a parallel
+    region of its own."""
+    q4_k = q6_k = False
+    for p in range(w.parts.shape[0]):
+        q4_k |= w.parts[p, 3] == T_Q4_K
+        q6_k |= w.parts[p, 3] == T_Q6_K
     t_rows, k = x.shape
     n_sb = k // QK_K
     dx = np.empty((t_rows, LEVELS, k // BLOCK), np.float32)
@@ -177,24 +176,27 @@ def _prepare(x: np.ndarray, xq: np.ndarray, xq4: np.ndarray, dv4: np.ndarray, dv
     xsm[:] = 0.0
     for t in range(t_rows):
         quantize_row(x[t], BLOCK, xq[t], dx[t], sx[t])
+        if q6_k:
+            _lane_scales(dx[t], Q6K_RUNS, dv6[t])
+            for j in range(k // 16):
+                s = np.float32(0.0)
+                for i in range(16 * j, 16 * j + 16):
+                    s += x[t, i]
+                xso[t, j] = np.float32(-32.0) * s
+        if not q4_k:
+            continue
+        _lane_scales(dx[t], Q4K_RUNS, dv4[t])
         for lv in range(LEVELS):
             for sb in range(n_sb):
                 for j in range(8):
                     src, dst = sb * QK_K + Q4K_ORDER[j] * BLOCK, sb * QK_K + j * BLOCK
                     for i in range(BLOCK):
                         xq4[t, lv, dst + i] = xq[t, lv, src + i]
-        for j in range(k // 16):
-            s = np.float32(0.0)
-            for i in range(16 * j, 16 * j + 16):
-                s += x[t, i]
-            xso[t, j] = np.float32(-32.0) * s
         for j in range(k // BLOCK):
             s = np.float32(0.0)
             for i in range(BLOCK * j, BLOCK * j + BLOCK):
                 s += x[t, i]
             xsm[t, (j // 8) * 16 + j % 8] = -s
-        _lane_scales(dx[t], Q4K_RUNS, dv4[t])
-        _lane_scales(dx[t], Q6K_RUNS, dv6[t])
 
 
 @nb.njit(parallel=True, **_JIT)
@@ -208,7 +210,7 @@ def kquant_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     dv6 = np.empty((t_rows, n_sb * 4 * _PER_VECTOR), np.float32)
     xsm = np.empty((t_rows, n_sb * 16), np.float32)  # -sum(x) per 32 values, 8 per super-block
     xso = np.empty((t_rows, k // 16), np.float32)  # -32 sum(x) per 16 values
-    _prepare(x, xq, xq4, dv4, dv6, xsm, xso)
+    _prepare(x, w, xq, xq4, dv4, dv6, xsm, xso)
     xqf, xq4f = xq.reshape(-1), xq4.reshape(-1)
     n_rows = w.n_rows
     n_chunks = min(n_rows, MAX_CHUNKS)
