@@ -11,15 +11,19 @@ The vocabulary is a placeholder SentencePiece one (``<unk> <s> </s>``, the 256 b
 with ``--prompt-ids``; it is there because llama.cpp will not load a file without one
 (``bench/bench_moe_peer.py`` runs both engines on this same file).
 
-Two shapes: ``--arch llama`` (mixtral's layout, every matrix Q4_0: the default, issue 16's file)
-and ``--arch qwen3moe`` (Qwen3-30B-A3B's layout scaled down: per-head q/k norms, NEOX RoPE, a head
-size of its own, top-8 of many narrow experts) quantized as llama.cpp's Q4_K_M mix has it (Q4_K,
-with Q6_K for ``attn_v`` and ``ffn_down_exps`` in the layers its ``use_more_bits`` picks, and for
-``output``). Random K-quant blocks are drawn directly in their byte layout (a reference quantizer
-would take minutes per GB); the embedding is quantized from real values.
+Three shapes: ``--arch llama`` (mixtral's layout, every matrix Q4_0: the default, issue 16's
+file), ``--arch qwen3moe`` (Qwen3-30B-A3B's layout scaled down: per-head q/k norms, NEOX RoPE, a
+head size of its own, top-8 of many narrow experts) and ``--arch glm4moe`` (GLM-4.5-Air's: q/k/v
+biases, NEOX RoPE on half of each head, a leading dense layer, sigmoid routing steered by a
+selection bias, an ungated shared expert beside the routed ones), both quantized as llama.cpp's
+Q4_K_M mix has it (Q4_K, with Q6_K for ``attn_v`` and every ``ffn_down`` in the layers its
+``use_more_bits`` picks, and for ``output``). Random K-quant blocks are drawn directly in their
+byte layout (a reference quantizer would take minutes per GB); the embedding is quantized from
+real values.
 
-    python tools/make_synthetic_moe.py OUT.gguf [--arch llama|qwen3moe] [--layers 24] [--experts 64]
-        [--used 4] [--embd 1024] [--ff 1024] [--vocab 4096] [--heads 8] [--kv-heads 4] [--head-dim D]
+    python tools/make_synthetic_moe.py OUT.gguf [--arch llama|qwen3moe|glm4moe] [--layers 24]
+        [--experts 64] [--used 4] [--embd 1024] [--ff 1024] [--vocab 4096] [--heads 8]
+        [--kv-heads 4] [--head-dim D]
 """
 
 from __future__ import annotations
@@ -43,6 +47,15 @@ EXPERT_SCALE = 0.03
 ZIPF_EXPONENT = 1.1  # routing skew: expert rank r gets lean ~ 1/r^s
 ROUTER_LEAN = 1.0  # how strongly the hottest expert's router row leans towards c
 COMMON_SHARE = 0.2  # share of each token embedding that is the common direction c
+BIAS_SCALE = 0.02  # glm4moe's q/k/v biases: small beside the projections' outputs
+# glm4moe's selection bias (exp_probs_b): about a sigmoid score's own spread, so that it changes
+# some choices without deciding them all
+SELECTION_BIAS_SCALE = 0.1
+# glm4moe's shape beside the routed experts, after GLM-4.5-Air: one leading dense layer whose FFN
+# is ~7.8x an expert's (10944 / 1408) and one shared expert
+GLM_DENSE_LEAD = 1
+GLM_DENSE_FF_PER_EXPERT_FF = 7.8
+GLM_SHARED = 1
 
 
 def _random_q4_0(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -161,17 +174,24 @@ class _Weights:
     def ones_head(self, n: int) -> Make:
         return lambda: (1.0 + 0.05 * self.rng.standard_normal(n)).astype(np.float32)
 
+    def small(self, n: int, scale: float) -> Make:
+        """Biases: centred, ``scale`` their spread."""
+        return lambda: (scale * self.rng.standard_normal(n)).astype(np.float32)
+
 
 class Shape(NamedTuple):
     """The file's architecture, sizes and block types."""
 
-    arch: str  # "llama" (mixtral's layout, Q4_0) or "qwen3moe" (Q4_K_M)
+    arch: str  # "llama" (mixtral's layout, Q4_0), "qwen3moe" or "glm4moe" (Q4_K_M)
     n_layers: int
     n_embd: int
     n_ff: int  # one expert's gate (and up) rows
     n_heads: int
     n_kv_heads: int
     head_dim: int
+    n_dense_lead: int = 0  # leading layers with a dense FFN (glm4moe)
+    n_ff_dense: int = 0  # their FFN's gate (and up) rows
+    n_shared: int = 0  # shared experts beside the routed ones (glm4moe: their FFN is n_shared n_ff)
 
     @property
     def q_dim(self) -> int:
@@ -183,7 +203,12 @@ class Shape(NamedTuple):
 
     @property
     def k_quants(self) -> bool:
-        return self.arch == "qwen3moe"
+        return self.arch != "llama"
+
+    @property
+    def rope_dim(self) -> int:
+        """glm4moe rotates half of each head (GLM-4.5's ``partial_rotary_factor``), the others all."""
+        return self.head_dim // 2 if self.arch == "glm4moe" else self.head_dim
 
     def types(self, layer: int) -> tuple[gguf.GGMLQuantizationType, gguf.GGMLQuantizationType]:
         """A layer's block type for most matrices, and for ``attn_v`` and ``ffn_down``."""
@@ -218,12 +243,31 @@ class _Plan:
         if shape.arch == "qwen3moe":
             self.f32_tensor(p + "attn_q_norm.weight", (shape.head_dim,), w.ones_head(shape.head_dim))
             self.f32_tensor(p + "attn_k_norm.weight", (shape.head_dim,), w.ones_head(shape.head_dim))
-        self.f32_tensor(p + "ffn_norm.weight", (n_embd,), w.ones_ish)
+        if shape.arch == "glm4moe":
+            for x, n in (("q", shape.q_dim), ("k", shape.kv_dim), ("v", shape.kv_dim)):
+                self.f32_tensor(p + f"attn_{x}.bias", (n,), w.small(n, BIAS_SCALE))
+        norm = "post_attention_norm" if shape.arch == "glm4moe" else "ffn_norm"
+        self.f32_tensor(p + norm + ".weight", (n_embd,), w.ones_ish)
+        if i < shape.n_dense_lead:
+            self.swiglu(p, "", base, more, shape.n_ff_dense, n_embd)
+            return
         self.f32_tensor(p + "ffn_gate_inp.weight", (w.n_experts, n_embd), w.router)
+        if shape.arch == "glm4moe":
+            bias = w.small(w.n_experts, SELECTION_BIAS_SCALE)
+            self.f32_tensor(p + "exp_probs_b.bias", (w.n_experts,), bias)
         for part, qtype, rows, cols in (("gate", base, n_ff, n_embd), ("up", base, n_ff, n_embd),
                                         ("down", more, n_embd, n_ff)):
             shape3 = (w.n_experts, rows, _row_bytes(qtype, cols))
             self.entries.append((f"{p}ffn_{part}_exps.weight", shape3, qtype, w.experts(qtype, rows, cols)))
+        if shape.n_shared:
+            self.swiglu(p, "_shexp", base, more, shape.n_shared * n_ff, n_embd)
+
+    def swiglu(self, p: str, suffix: str, base: gguf.GGMLQuantizationType,
+               more: gguf.GGMLQuantizationType, n_ff: int, n_embd: int) -> None:
+        """A 2-D SwiGLU FFN: a dense layer's (``suffix`` "") or the shared expert's ("_shexp")."""
+        self.matrix(f"{p}ffn_gate{suffix}.weight", base, n_ff, n_embd)
+        self.matrix(f"{p}ffn_up{suffix}.weight", base, n_ff, n_embd)
+        self.matrix(f"{p}ffn_down{suffix}.weight", more, n_embd, n_ff)
 
 
 def _add_metadata(w: gguf.GGUFWriter, shape: Shape, *, n_experts: int, n_used: int, n_vocab: int) -> None:
@@ -231,18 +275,25 @@ def _add_metadata(w: gguf.GGUFWriter, shape: Shape, *, n_experts: int, n_used: i
     w.add_block_count(shape.n_layers)
     w.add_context_length(4096)
     w.add_embedding_length(shape.n_embd)
-    w.add_feed_forward_length(shape.n_ff)
+    w.add_feed_forward_length(shape.n_ff_dense if shape.n_dense_lead else shape.n_ff)
     w.add_head_count(shape.n_heads)
     w.add_head_count_kv(shape.n_kv_heads)
-    w.add_layer_norm_rms_eps(1e-5 if shape.arch == "llama" else 1e-6)
+    w.add_layer_norm_rms_eps(1e-6 if shape.arch == "qwen3moe" else 1e-5)
     w.add_rope_freq_base(10000.0 if shape.arch == "llama" else 1e6)
-    w.add_rope_dimension_count(shape.head_dim)
+    w.add_rope_dimension_count(shape.rope_dim)
     w.add_expert_count(n_experts)
     w.add_expert_used_count(n_used)
-    if shape.arch == "qwen3moe":
+    if shape.arch != "llama":
         w.add_key_length(shape.head_dim)
         w.add_value_length(shape.head_dim)
         w.add_expert_feed_forward_length(shape.n_ff)
+    if shape.arch == "glm4moe":
+        w.add_leading_dense_block_count(shape.n_dense_lead)
+        w.add_expert_shared_count(shape.n_shared)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_norm(True)  # GLM-4.5's norm_topk_prob
+        w.add_expert_weights_scale(1.0)  # GLM-4.5-Air's routed_scaling_factor
+        w.add_nextn_predict_layers(0)
     w.add_vocab_size(n_vocab)
     w.add_file_type(15 if shape.k_quants else 2)  # MOSTLY_Q4_K_M, MOSTLY_Q4_0
     _add_placeholder_vocab(w, n_vocab)
@@ -296,6 +347,10 @@ def write_synthetic_moe(
         raise ValueError(f"--arch must be one of {', '.join(ARCHES)}")
     shape = Shape(arch, n_layers, n_embd, n_ff, n_heads, n_kv_heads, head_dim or n_embd // n_heads)
     block = QK_K if shape.k_quants else 32
+    if arch == "glm4moe":
+        dense_ff = int(round(n_ff * GLM_DENSE_FF_PER_EXPERT_FF / block)) * block
+        shape = shape._replace(n_dense_lead=min(GLM_DENSE_LEAD, n_layers - 1), n_ff_dense=dense_ff,
+                               n_shared=GLM_SHARED)
     if n_embd % block or n_ff % block or shape.q_dim % block:
         raise ValueError(f"n_embd, n_ff and heads x head size must be multiples of {block} "
                          f"(whole {'K-quant super-' if shape.k_quants else 'Q4_0 '}blocks)")
@@ -315,14 +370,14 @@ def write_synthetic_moe(
     return path
 
 
-ARCHES = ("llama", "qwen3moe")
+ARCHES = ("llama", "qwen3moe", "glm4moe")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, metavar="OUT.gguf")
     p.add_argument("--arch", choices=ARCHES, default="llama",
-                   help="llama: mixtral's layout, Q4_0; qwen3moe: Qwen3-MoE's layout, Q4_K_M")
+                   help="llama: mixtral's layout, Q4_0; qwen3moe, glm4moe: those layouts, Q4_K_M")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--experts", type=int, default=64)
     p.add_argument("--used", type=int, default=4)

@@ -1,7 +1,7 @@
-"""The scaled-down Qwen3-MoE file of ``tools/make_synthetic_moe.py --arch qwen3moe`` (issue 16's
-real-architecture benchmark): it is llama.cpp's Q4_K_M mix, its random K-quant blocks have the
-spread of the Q4_0 file's, and colibri and llama.cpp (the peer, on the same file) compute the same
-logits from it; colibri gives the same tokens whatever its expert budget."""
+"""The scaled-down real architectures of ``tools/make_synthetic_moe.py --arch qwen3moe|glm4moe``
+(issue 16's real-architecture benchmarks): each is llama.cpp's Q4_K_M mix, its random K-quant
+blocks have the spread of the Q4_0 file's, and colibri and llama.cpp (the peer, on the same file)
+compute the same logits from it; colibri gives the same tokens whatever its expert budget."""
 
 from __future__ import annotations
 
@@ -23,25 +23,38 @@ SHAPE = dict(n_layers=LAYERS, n_experts=8, n_used=2, n_embd=256, n_ff=256, n_voc
 PROMPT = [1, 300, 301, 302, 400, 401, 7, 9, 300, 260, 261, 500]
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory) -> GGUFFile:
-    path = tmp_path_factory.mktemp("qwen3moe") / "synthetic-qwen3moe.gguf"
-    return make_synthetic_moe.write_synthetic_moe(path, arch="qwen3moe", **SHAPE)
+@pytest.fixture(scope="module", params=["qwen3moe", "glm4moe"])
+def qwen(request, tmp_path_factory) -> GGUFFile:
+    """The file of each real architecture (named for the first; the tests read any)."""
+    path = tmp_path_factory.mktemp(request.param) / f"synthetic-{request.param}.gguf"
+    return make_synthetic_moe.write_synthetic_moe(path, arch=request.param, **SHAPE)
 
 
 def test_the_file_is_llama_cpps_q4_k_m_mix(qwen):
     g = GGUFFile(qwen)
-    assert g.get("general.architecture") == "qwen3moe"
+    arch = g.get("general.architecture")
     assert g.tensors["token_embd.weight"].gtype == GGMLType.Q4_K
     assert g.tensors["output.weight"].gtype == GGMLType.Q6_K
     more = [i for i in range(LAYERS) if make_synthetic_moe.use_more_bits(i, LAYERS)]
     assert more == [0, 3, 6, 7]  # llama.cpp's rule at 8 layers: first and last eighth, every third
+    dense = {"qwen3moe": 0, "glm4moe": 1}[arch]  # GLM-4.5's leading dense layer
+    assert g.get(f"{arch}.leading_dense_block_count", 0) == dense
     for i in range(LAYERS):
         big = GGMLType.Q6_K if i in more else GGMLType.Q4_K
-        for name, want in (("ffn_gate_exps", GGMLType.Q4_K), ("ffn_up_exps", GGMLType.Q4_K),
-                           ("ffn_down_exps", big), ("attn_v", big), ("attn_q", GGMLType.Q4_K)):
+        ffn = [("ffn_gate", GGMLType.Q4_K), ("ffn_up", GGMLType.Q4_K), ("ffn_down", big)]
+        parts = [(name + sfx, t) for name, t in ffn for sfx in (("",) if i < dense else ("_exps",))]
+        if arch == "glm4moe" and i >= dense:  # the shared expert, in the same mix
+            parts += [(name + "_shexp", t) for name, t in ffn]
+        for name, want in (*parts, ("attn_v", big), ("attn_q", GGMLType.Q4_K)):
             assert g.tensors[f"blk.{i}.{name}.weight"].gtype == want, (i, name)
-        assert f"blk.{i}.attn_q_norm.weight" in g.tensors and f"blk.{i}.attn_k_norm.weight" in g.tensors
+        if arch == "qwen3moe":
+            assert f"blk.{i}.attn_q_norm.weight" in g.tensors and f"blk.{i}.attn_k_norm.weight" in g.tensors
+        else:  # GLM-4.5-Air: q/k/v biases, the selection bias, half of each head rotated
+            assert all(f"blk.{i}.attn_{x}.bias" in g.tensors for x in "qkv")
+            assert (f"blk.{i}.exp_probs_b.bias" in g.tensors) == (i >= dense)
+    if arch == "glm4moe":
+        assert g.get("glm4moe.rope.dimension_count") == SHAPE["head_dim"] // 2
+        assert g.get("glm4moe.expert_gating_func") == 2  # sigmoid
 
 
 def _values(g: GGUFFile, name: str, expert: int = 0) -> np.ndarray:
@@ -61,7 +74,7 @@ def test_random_k_blocks_are_centred_with_the_q4_0_files_spread(qwen, tmp_path):
     q4_0 = GGUFFile(make_synthetic_moe.write_synthetic_moe(
         tmp_path / "q4_0.gguf", n_layers=1, n_experts=2, n_used=1, n_embd=256, n_ff=256, n_vocab=300))
     spread = _values(q4_0, "blk.0.ffn_gate_exps.weight").std()
-    for name in ("blk.1.ffn_gate_exps.weight", "blk.0.ffn_down_exps.weight"):  # Q4_K, Q6_K
+    for name in ("blk.1.ffn_gate_exps.weight", "blk.3.ffn_down_exps.weight"):  # Q4_K, Q6_K
         v = _values(g, name)
         assert abs(v.mean()) < 0.05 * v.std(), name
         assert 0.75 < v.std() / spread < 1.33, (name, v.std(), spread)
@@ -69,7 +82,10 @@ def test_random_k_blocks_are_centred_with_the_q4_0_files_spread(qwen, tmp_path):
 
 def test_colibri_and_llama_cpp_compute_the_same_logits(qwen):
     """The whole prompt's logits, colibri against llama.cpp (F32 KV cache) on the same file: the
-    in-place Q4_K/Q6_K experts, q/k norms, NEOX RoPE and top-k renormalisation as the peer has them."""
+    in-place Q4_K/Q6_K experts, q/k norms or biases, NEOX RoPE (whole or partial), top-k
+    renormalisation, the selection bias and the shared expert as the peer has them. (On the glm4moe
+    file, routing without the selection bias moves the logits by 0.15 of their spread, dropping the
+    shared expert by 0.25: each fails.)"""
     llm = llama_model(qwen)
     llm.eval(PROMPT)
     ref = np.array(llm.scores[: len(PROMPT)])
