@@ -1,15 +1,19 @@
 """The MoE headline: colibri's expert store against llama.cpp on the same file, under memory caps.
 
-    python bench/bench_moe_peer.py [--arch llama|qwen3moe | --gguf PATH] [--caps 1.5:0.6,1.0:0.3]
+    python bench/bench_moe_peer.py [--arch llama|qwen3moe|glm4moe | --gguf PATH] [--caps 1.5:0.6,1.0:0.3]
         [--tokens 64] [--runs 3]
 
 The file is tools/make_synthetic_moe.py's, written on first use, with a placeholder SentencePiece
 vocabulary so that llama.cpp loads it: ``--arch llama`` (the default) 24 layers x 64 experts of
 1024x1024 Q4_0, top-4, 2.58 GiB; ``--arch qwen3moe`` Qwen3-MoE's layout scaled down (``QWEN3MOE``:
 24 layers x 64 experts of 768 x 1024, top-8, q/k norms, 16 heads of 128) in llama.cpp's Q4_K_M mix,
-2.12 GiB. Each case
-is a memory cap (GB, RSS plus page cache, as a small machine's RAM: ``memcap.py`` says how it is
-applied here) and colibri's ``--ram-budget`` (GiB) under it, then one case with no cap and no budget.
+2.12 GiB; ``--arch glm4moe`` GLM-4.5-Air's (``GLM4MOE``: a dense first layer, then 64 experts of
+768 x 1024, top-8, plus a shared one, sigmoid routing with a selection bias, q/k/v biases, 24 heads
+of 128, half of each rotated) in the same mix, 2.09 GiB. Each case is a memory cap (GB, RSS plus
+page cache, as a small machine's RAM: ``memcap.py`` says how it is applied here) and colibri's
+``--ram-budget`` (GiB) under it, then one case with no cap and no budget. ``--read-mbps`` also
+makes the disk slow (every run's reads throttled: ``readcap.py``) and adds colibri without its
+read-ahead, to show what the read-ahead is worth there.
 Every run is one fresh worker process started inside its cgroup, after the file's pages are dropped
 from the page cache; the sides alternate run by run. Each worker prefills the same prompt, then
 samples ``--tokens`` tokens at temperature 1 (a random model's greedy output loops over a few
@@ -47,17 +51,25 @@ os.environ.setdefault("COLI_BENCH_PEER_UNSET", ",".join(colibri.ENV_SET))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_moe  # noqa: E402  (the synthetic model, the prompt, the decode loop, the cache drop)
 from memcap import MemoryCap  # noqa: E402
+from readcap import ReadCap  # noqa: E402
 
 THREADS = 2
 DEFAULT_CAPS = "1.5:0.6,1.0:0.3"  # cap GB : colibri --ram-budget GiB, as in the issue's table
 HEAT_TOKENS = 128  # the earlier generation whose heat colibri pins (bench_moe's warm-up)
 RUN_TIMEOUT_S = 1800  # a thrashing run at a small cap is slow, not stuck
+NO_READAHEAD = "colibri, no read-ahead"  # the way --read-mbps adds: is the read-ahead worth it?
 CACHE = Path.home() / ".cache" / "colibri" / "bench"
 # The real-architecture file: Qwen3-30B-A3B's shape (48 layers, 128 experts of 768 x 2048, top-8,
 # 32 heads of 128, 4 KV heads) at half its width, half its depth and half its experts.
 QWEN3MOE = dict(arch="qwen3moe", n_layers=24, n_experts=64, n_used=8, n_embd=1024, n_ff=768,
                 n_heads=16, n_kv_heads=4, head_dim=128, n_vocab=4096)
-FILES = {"llama": (bench_moe.DEFAULT_GGUF, {}), "qwen3moe": (CACHE / "synthetic-qwen3moe.gguf", QWEN3MOE)}
+# GLM-4.5-Air's shape (46 layers, 128 experts of 1408 x 4096 plus a shared one, top-8, 96 heads of
+# 128, 8 KV heads, half of each head rotated, one leading dense layer) at a quarter of its width and
+# half its depth and experts; its experts as narrow as QWEN3MOE's, so the two files compare.
+GLM4MOE = dict(arch="glm4moe", n_layers=24, n_experts=64, n_used=8, n_embd=1024, n_ff=768,
+               n_heads=24, n_kv_heads=2, head_dim=128, n_vocab=4096)
+FILES = {"llama": (bench_moe.DEFAULT_GGUF, {}), "qwen3moe": (CACHE / "synthetic-qwen3moe.gguf", QWEN3MOE),
+         "glm4moe": (CACHE / "synthetic-glm4moe.gguf", GLM4MOE)}
 
 
 def peak_rss() -> int:
@@ -73,6 +85,7 @@ def work_colibri(args) -> dict:
 
     t0 = time.perf_counter()
     model = Model(args.gguf, ram_budget=None if args.budget is None else gb_to_bytes(args.budget))
+    model.decoder.experts.prefetch_enabled = not args.no_readahead
     pinned = model.decoder.experts.pin_hottest(np.load(args.heat)) if args.heat else 0
     start_s = time.perf_counter() - t0
     ids, elapsed = bench_moe.decode(model, args.tokens)
@@ -131,18 +144,22 @@ def work_heat(args) -> dict:
 
 
 def worker_argv(side: str, gguf: Path, tokens: int, budget: float | None = None, heat: Path | None = None,
-                repack: bool = False) -> list[str]:
+                repack: bool = False, readahead: bool = True) -> list[str]:
     argv = [sys.executable, __file__, "worker", side, "--gguf", str(gguf), "--tokens", str(tokens)]
     if budget is not None:
         argv += ["--budget", str(budget)]
     if heat is not None:
         argv += ["--heat", str(heat)]
-    return argv + (["--repack"] if repack else [])
+    return argv + (["--repack"] if repack else []) + ([] if readahead else ["--no-readahead"])
 
 
-def run_one(cap: MemoryCap, argv: list[str], gguf: Path, limit: int | None) -> dict:
+def run_one(cap: MemoryCap, argv: list[str], gguf: Path, limit: int | None, reads: ReadCap | None) -> dict:
     bench_moe.drop_cache(gguf)
-    r = cap.run(argv, limit, RUN_TIMEOUT_S)
+    if reads is None:
+        r = cap.run(argv, limit, RUN_TIMEOUT_S)
+    else:
+        with reads.group() as procs:
+            r = cap.run(argv, limit, RUN_TIMEOUT_S, also_join=procs)
     if r.returncode != 0:
         return {"tok_s": 0.0, "oom": r.oom_killed, "cg_peak": r.peak_bytes, "rss": None,
                 "error": (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]}
@@ -155,18 +172,21 @@ def median_of(runs: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def measure_case(cap: MemoryCap, args, limit_gb: float | None, budget: float | None, heat: Path) -> dict:
+def measure_case(cap: MemoryCap, args, limit_gb: float | None, budget: float | None, heat: Path,
+                 reads: ReadCap | None = None) -> dict:
     """Both sides' runs for one case, alternating; with no cap, llama.cpp both with and without
-    its repacking."""
+    its repacking; on a throttled disk (``reads``), colibri both with and without its read-ahead."""
     limit = None if limit_gb is None else int(limit_gb * 1e9)
     ways = {"colibri": worker_argv("colibri", args.gguf, args.tokens, budget, heat),
             "llama.cpp": worker_argv("llama", args.gguf, args.tokens, repack=False)}
     if limit_gb is None:
         ways["llama.cpp repack"] = worker_argv("llama", args.gguf, args.tokens, repack=True)
+    if reads is not None:
+        ways[NO_READAHEAD] = worker_argv("colibri", args.gguf, args.tokens, budget, heat, readahead=False)
     runs: dict[str, list[dict]] = {way: [] for way in ways}
     for i in range(args.runs):
         for way, argv in ways.items():
-            runs[way].append(run_one(cap, argv, args.gguf, limit))
+            runs[way].append(run_one(cap, argv, args.gguf, limit, reads))
             r = runs[way][-1]
             print(f"    {way} run {i + 1}: {r['tok_s']:.2f} tok/s" + (" (OOM)" if r["oom"] else "")
                   + (f" {r['error']}" if "error" in r else ""), flush=True)
@@ -184,7 +204,7 @@ def print_table(results: list[tuple[str, dict]], file_bytes: int) -> None:
           f"colibri, llama.cpp   [file {file_bytes / 1e9:.2f} GB]")
     for case, r in results:
         c = r["colibri"]
-        peers = [w for w in r if w != "colibri" and r[w]["tok_s"]]
+        peers = [w for w in r if w.startswith("llama") and r[w]["tok_s"]]
         best = max(peers, key=lambda w: r[w]["tok_s"]) if peers else "llama.cpp"
         p = r[best]
         ratio = c["tok_s"] / p["tok_s"] if p["tok_s"] else float("inf")
@@ -194,6 +214,10 @@ def print_table(results: list[tuple[str, dict]], file_bytes: int) -> None:
         for w in peers:
             if w != best:
                 print(f"{'':<30}{'':>9}{r[w]['tok_s']:11.2f}  ({w})")
+        if NO_READAHEAD in r:
+            n = r[NO_READAHEAD]
+            print(f"{'':<30}{n['tok_s'] or 0:9.2f}{'':>11}{'':>8}   {gb(n['cg_peak'])} / {gb(n['rss'])}"
+                  f"  ({NO_READAHEAD}: read-ahead pays {c['tok_s'] / n['tok_s'] if n['tok_s'] else 0:.2f}x)")
 
 
 def parse_caps(text: str) -> list[tuple[float, float]]:
@@ -214,13 +238,18 @@ def main() -> None:
     w.add_argument("--budget", type=float, default=None, help="colibri's --ram-budget, GiB (none: no limit)")
     w.add_argument("--heat", type=Path, default=None)
     w.add_argument("--repack", action="store_true")
+    w.add_argument("--no-readahead", action="store_true", help="colibri without the store's read-ahead")
     ap.add_argument("--arch", choices=sorted(FILES), default="llama",
-                    help="which synthetic file (written on first use): llama Q4_0, qwen3moe Q4_K_M")
+                    help="which synthetic file (written on first use): llama Q4_0, qwen3moe and "
+                         "glm4moe Q4_K_M")
     ap.add_argument("--gguf", type=Path, default=None, help="any MoE GGUF instead of --arch's file")
     ap.add_argument("--caps", default=DEFAULT_CAPS, help="CAP_GB:BUDGET_GIB,... (empty: uncapped only)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-uncapped", action="store_true")
+    ap.add_argument("--read-mbps", type=float, default=None,
+                    help="throttle every run's reads of the file's disk to this many MB/s (a slow disk), "
+                         "and run colibri with and without its read-ahead")
     ap.add_argument("--json", type=Path, default=None, help="also write the medians here")
     args = ap.parse_args()
     if args.mode == "worker":
@@ -233,10 +262,16 @@ def main() -> None:
             print(f"writing {args.gguf} ...", flush=True)
             bench_moe.load_tool().write_synthetic_moe(args.gguf, **shape)
     cap = MemoryCap.detect()
+    reads = None
+    if args.read_mbps is not None:
+        reads = ReadCap.detect(args.gguf, int(args.read_mbps * 1e6))
+        if reads.method is None or cap.method != "cgroup1":
+            raise SystemExit(f"--read-mbps: cannot throttle reads here: {reads.describe()} "
+                             f"(memory cap: {cap.describe()})")
     file_bytes = args.gguf.stat().st_size
     print(f"model {args.gguf.name} ({file_bytes / 1e9:.2f} GB), {args.tokens} tokens sampled at "
           f"temperature 1, {THREADS} threads, median of {args.runs}; cap: {cap.describe()}; "
-          f"{os.cpu_count()} CPUs", flush=True)
+          f"{os.cpu_count()} CPUs" + (f"; disk: {reads.describe()}" if reads else ""), flush=True)
     heat = CACHE / f"{args.gguf.stem}-heat.npy"
     CACHE.mkdir(parents=True, exist_ok=True)  # the heat worker writes there, on a new machine too
     cap.run(worker_argv("heat", args.gguf, HEAT_TOKENS, heat=heat), None, RUN_TIMEOUT_S)
@@ -249,7 +284,7 @@ def main() -> None:
     results = []
     for name, limit_gb, budget in cases:
         print(f"  {name}", flush=True)
-        results.append((name, measure_case(cap, args, limit_gb, budget, heat)))
+        results.append((name, measure_case(cap, args, limit_gb, budget, heat, reads)))
     print_table(results, file_bytes)
     if args.json is not None:
         args.json.write_text(json.dumps({"cap": cap.describe(), "file_bytes": file_bytes,

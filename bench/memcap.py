@@ -97,8 +97,19 @@ class MemoryCap:
                  "systemd-run": "systemd-run --scope -p MemoryMax="}
         return names.get(self.method or "", f"none ({self.why})")
 
-    def run(self, argv: list[str], limit_bytes: int | None, timeout: float) -> Capped:
-        """``argv`` under ``limit_bytes`` (None: no limit, but still in its own cgroup, for the peak)."""
+    def run(self, argv: list[str], limit_bytes: int | None, timeout: float,
+            also_join: Path | None = None) -> Capped:
+        """``argv`` under ``limit_bytes`` (None: no limit, but still in its own cgroup, for the peak);
+        ``also_join``: another hierarchy's ``cgroup.procs`` it joins too (``readcap.py``'s)."""
+        if also_join is not None and self.method not in ("cgroup1", None):
+            raise ValueError(f"a second cgroup to join needs cgroup v1 memory caps, not {self.describe()}")
+
+        def join(procs: Path | None = None) -> None:
+            """In the child, before exec: everything it maps or reads is charged to these groups."""
+            for name in (procs, also_join):
+                if name is not None:
+                    name.write_text(str(os.getpid()))
+
         if self.method == "systemd-run":
             prefix = ["systemd-run", "--scope", "--quiet"]
             if limit_bytes is not None:
@@ -106,19 +117,15 @@ class MemoryCap:
             p = subprocess.run(prefix + argv, capture_output=True, text=True, timeout=timeout)
             return Capped(p.returncode, p.stdout, p.stderr, None, p.returncode in (-9, 137))
         if self.base is None:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=join)
             return Capped(p.returncode, p.stdout, p.stderr, None, False)
         group = self.base / f"{NAME_PREFIX}{uuid.uuid4().hex[:12]}"
         group.mkdir()
         try:
             self._limit(group, limit_bytes)
-            procs = str(group / "cgroup.procs")
-
-            def join() -> None:  # in the child, before exec: everything it maps is charged here
-                with open(procs, "w") as f:
-                    f.write(str(os.getpid()))
-
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=join)
+            procs = group / "cgroup.procs"
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                               preexec_fn=lambda: join(procs))
             return Capped(p.returncode, p.stdout, p.stderr, self._peak(group), self._oom(group, p.returncode))
         finally:
             group.rmdir()

@@ -1,5 +1,6 @@
-"""The MoE benchmark against llama.cpp (``bench/bench_moe_peer.py``) and its memory cap
-(``bench/memcap.py``): the cap really caps (a process over it is killed, and says so), and the
+"""The MoE benchmark against llama.cpp (``bench/bench_moe_peer.py``), its memory cap
+(``bench/memcap.py``) and its slow disk (``bench/readcap.py``): the cap really caps (a process over
+it is killed, and says so), a throttled process's reads are charged to the throttle, and the
 benchmark runs both engines on one small synthetic file, capped and not, printing the table.
 Speed is not asserted (the benchmark's figures are in docs/performance.md)."""
 
@@ -16,6 +17,7 @@ from test_expert_store import make_synthetic_moe
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from memcap import MemoryCap  # noqa: E402
+from readcap import ReadCap  # noqa: E402
 
 ALLOC = [sys.executable, "-c", "a = bytearray(300 << 20); a[::4096] = b'x' * len(a[::4096])"]
 
@@ -35,6 +37,32 @@ def test_a_process_over_the_cap_is_killed_and_one_under_it_is_not(cap: MemoryCap
     assert under.returncode == 0 and not under.oom_killed
     if under.peak_bytes is not None:  # the cgroup's peak saw the 300 MB
         assert 300 << 20 <= under.peak_bytes <= 600 << 20
+
+
+def _read_bytes(stats: str, device: str) -> int:
+    """The ``Read`` bytes of ``device`` in a ``blkio.throttle.io_service_bytes`` file."""
+    return sum(int(n) for dev, op, n in (line.split() for line in stats.splitlines() if line.count(" ") == 2)
+               if dev == device and op == "Read")
+
+
+def test_a_throttled_process_reads_through_its_throttle(cap: MemoryCap, tmp_path: Path):
+    """What a run under ``--read-mbps`` reads from the disk (its page-cache misses) is charged to its
+    throttled group: the throttle sees the file's bytes, read after its cached pages are dropped."""
+    data = tmp_path / "data.bin"
+    data.write_bytes(bytes(range(256)) * (64 << 12))  # 64 MiB
+    reads = ReadCap.detect(data, 200_000_000)
+    if reads.method is None or cap.method != "cgroup1":
+        pytest.skip(f"no way to throttle reads beside the memory cap here: {reads.describe()}")
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_moe import drop_cache
+
+    subprocess.run(["sync"], check=True)
+    drop_cache(data)
+    with reads.group() as procs:
+        run = cap.run([sys.executable, "-c", f"open({str(data)!r}, 'rb').read()"], None, 120, also_join=procs)
+        charged = _read_bytes((procs.parent / "blkio.throttle.io_service_bytes").read_text(), reads.device)
+    assert run.returncode == 0, run.stderr
+    assert charged >= 60 << 20, charged
 
 
 def test_the_benchmark_runs_both_engines_capped_and_not(cap: MemoryCap, tmp_path: Path):
