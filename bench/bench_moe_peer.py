@@ -275,7 +275,7 @@ def main() -> None:
     heat = CACHE / f"{args.gguf.stem}-heat.npy"
     CACHE.mkdir(parents=True, exist_ok=True)  # the heat worker writes there, on a new machine too
     cap.run(worker_argv("heat", args.gguf, HEAT_TOKENS, heat=heat), None, RUN_TIMEOUT_S)
-    cases = [] if cap.method is None else [(f"cap {c:.1f} GB (--ram-budget {b})", c, b)
+    cases = [] if cap.method is None else [(f"cap {c:g} GB (--ram-budget {b:g})", c, b)
                                            for c, b in parse_caps(args.caps)]
     if cap.method is None and args.caps:
         print(f"the capped cases are skipped: no way to cap memory here ({cap.why})")
