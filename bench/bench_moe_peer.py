@@ -228,7 +228,8 @@ def parse_caps(text: str) -> list[tuple[float, float]]:
     return caps
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The benchmark's options, and the worker's (one process per run)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="mode")
     w = sub.add_parser("worker")
@@ -251,7 +252,11 @@ def main() -> None:
                     help="throttle every run's reads of the file's disk to this many MB/s (a slow disk), "
                          "and run colibri with and without its read-ahead")
     ap.add_argument("--json", type=Path, default=None, help="also write the medians here")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.mode == "worker":
         print(json.dumps({"colibri": work_colibri, "llama": work_llama, "heat": work_heat}[args.side](args)))
         return
