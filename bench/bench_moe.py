@@ -41,6 +41,7 @@ from colibri.model.generate import SingleSequence
 from colibri.model.loader import Model
 from colibri.model.sampling import Sampler, SamplingParams
 from colibri.settings import gb_to_bytes
+from colibri.store.readahead import Mode, ReadAheadPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_GGUF = Path.home() / ".cache" / "colibri" / "bench" / "synthetic-moe.gguf"
@@ -132,7 +133,8 @@ def run_way(path: Path, way: str, budget: int | None, heat: np.ndarray | None, t
     gc.collect()  # earlier runs' models (reference cycles) would keep their pages mapped, so cached
     model = Model(path, ram_budget=budget)
     store = model.decoder.experts
-    store.prefetch_enabled = way == "store"
+    # "store": what a user gets (the read-ahead measured, readahead.py); the others never read ahead
+    store.readahead = ReadAheadPolicy(Mode.AUTO if way == "store" else Mode.OFF)
     store.mapped_reads = way == "mmap"
     pinning = way in ("store", "no-ahead")
     model.gguf.advise_dontneed()

@@ -53,11 +53,15 @@ import bench_moe  # noqa: E402  (the synthetic model, the prompt, the decode loo
 from memcap import MemoryCap  # noqa: E402
 from readcap import ReadCap  # noqa: E402
 
+from colibri.store.readahead import Mode, ReadAheadPolicy  # noqa: E402
+
 THREADS = 2
 DEFAULT_CAPS = "1.5:0.6,1.0:0.3"  # cap GB : colibri --ram-budget GiB, as in the issue's table
 HEAT_TOKENS = 128  # the earlier generation whose heat colibri pins (bench_moe's warm-up)
 RUN_TIMEOUT_S = 1800  # a thrashing run at a small cap is slow, not stuck
-NO_READAHEAD = "colibri, no read-ahead"  # the way --read-mbps adds: is the read-ahead worth it?
+# The ways --read-mbps (or --readahead-ways) adds beside "colibri" (whose read-ahead is measured,
+# colibri/store/readahead.py): the read-ahead always on, and never.
+READAHEAD_WAYS = {"colibri, read-ahead on": "on", "colibri, no read-ahead": "off"}
 CACHE = Path.home() / ".cache" / "colibri" / "bench"
 # The real-architecture file: Qwen3-30B-A3B's shape (48 layers, 128 experts of 768 x 2048, top-8,
 # 32 heads of 128, 4 KV heads) at half its width, half its depth and half its experts.
@@ -85,11 +89,13 @@ def work_colibri(args) -> dict:
 
     t0 = time.perf_counter()
     model = Model(args.gguf, ram_budget=None if args.budget is None else gb_to_bytes(args.budget))
-    model.decoder.experts.prefetch_enabled = not args.no_readahead
+    model.decoder.experts.readahead = ReadAheadPolicy(Mode(args.readahead))
     pinned = model.decoder.experts.pin_hottest(np.load(args.heat)) if args.heat else 0
     start_s = time.perf_counter() - t0
     ids, elapsed = bench_moe.decode(model, args.tokens)
-    return {"tok_s": args.tokens / elapsed, "rss": peak_rss(), "start_s": start_s, "pinned": pinned}
+    policy = model.decoder.experts.readahead
+    return {"tok_s": args.tokens / elapsed, "rss": peak_rss(), "start_s": start_s, "pinned": pinned,
+            "readahead_kept": policy.chosen if policy.decisions else None}
 
 
 def work_llama(args) -> dict:
@@ -144,13 +150,13 @@ def work_heat(args) -> dict:
 
 
 def worker_argv(side: str, gguf: Path, tokens: int, budget: float | None = None, heat: Path | None = None,
-                repack: bool = False, readahead: bool = True) -> list[str]:
+                repack: bool = False, readahead: str = "auto") -> list[str]:
     argv = [sys.executable, __file__, "worker", side, "--gguf", str(gguf), "--tokens", str(tokens)]
     if budget is not None:
         argv += ["--budget", str(budget)]
     if heat is not None:
         argv += ["--heat", str(heat)]
-    return argv + (["--repack"] if repack else []) + ([] if readahead else ["--no-readahead"])
+    return argv + (["--repack"] if repack else []) + ["--readahead", readahead]
 
 
 def run_one(cap: MemoryCap, argv: list[str], gguf: Path, limit: int | None, reads: ReadCap | None) -> dict:
@@ -175,24 +181,32 @@ def median_of(runs: list[dict], key: str) -> float | None:
 def measure_case(cap: MemoryCap, args, limit_gb: float | None, budget: float | None, heat: Path,
                  reads: ReadCap | None = None) -> dict:
     """Both sides' runs for one case, alternating; with no cap, llama.cpp both with and without
-    its repacking; on a throttled disk (``reads``), colibri both with and without its read-ahead."""
+    its repacking; with ``args.readahead_ways``, colibri also with its read-ahead always on and
+    never (``--no-peer``: colibri's ways only)."""
     limit = None if limit_gb is None else int(limit_gb * 1e9)
-    ways = {"colibri": worker_argv("colibri", args.gguf, args.tokens, budget, heat),
-            "llama.cpp": worker_argv("llama", args.gguf, args.tokens, repack=False)}
-    if limit_gb is None:
-        ways["llama.cpp repack"] = worker_argv("llama", args.gguf, args.tokens, repack=True)
-    if reads is not None:
-        ways[NO_READAHEAD] = worker_argv("colibri", args.gguf, args.tokens, budget, heat, readahead=False)
+    ways = {"colibri": worker_argv("colibri", args.gguf, args.tokens, budget, heat)}
+    if not args.no_peer:
+        ways["llama.cpp"] = worker_argv("llama", args.gguf, args.tokens, repack=False)
+        if limit_gb is None:
+            ways["llama.cpp repack"] = worker_argv("llama", args.gguf, args.tokens, repack=True)
+    if args.readahead_ways:
+        for way, mode in READAHEAD_WAYS.items():
+            ways[way] = worker_argv("colibri", args.gguf, args.tokens, budget, heat, readahead=mode)
     runs: dict[str, list[dict]] = {way: [] for way in ways}
     for i in range(args.runs):
         for way, argv in ways.items():
             runs[way].append(run_one(cap, argv, args.gguf, limit, reads))
             r = runs[way][-1]
+            kept = r.get("readahead_kept")
             print(f"    {way} run {i + 1}: {r['tok_s']:.2f} tok/s" + (" (OOM)" if r["oom"] else "")
-                  + (f" {r['error']}" if "error" in r else ""), flush=True)
+                  + (f" {r['error']}" if "error" in r else "")
+                  + ("" if kept is None else f" (read-ahead {'kept' if kept else 'dropped'})"), flush=True)
     return {way: {"tok_s": median_of(rs, "tok_s"), "cg_peak": median_of(rs, "cg_peak"),
                   "rss": median_of(rs, "rss"), "oom": sum(r["oom"] for r in rs), "runs": len(rs)}
             for way, rs in runs.items()}
+
+
+NO_RESULT = {"tok_s": None, "cg_peak": None, "rss": None, "oom": 0}  # a side not run (--no-peer)
 
 
 def gb(x: float | None) -> str:
@@ -206,18 +220,21 @@ def print_table(results: list[tuple[str, dict]], file_bytes: int) -> None:
         c = r["colibri"]
         peers = [w for w in r if w.startswith("llama") and r[w]["tok_s"]]
         best = max(peers, key=lambda w: r[w]["tok_s"]) if peers else "llama.cpp"
-        p = r[best]
+        p = r.get(best, NO_RESULT)
+        ran = best in r  # not with --no-peer
         ratio = c["tok_s"] / p["tok_s"] if p["tok_s"] else float("inf")
-        note = f"  (llama.cpp: {best}" + (f", {p['oom']} OOM" if p["oom"] else "") + ")"
-        print(f"{case:<30}{c['tok_s']:9.2f}{p['tok_s'] or 0:11.2f}{ratio:7.2f}x   "
+        note = f"  (llama.cpp: {best}" + (f", {p['oom']} OOM" if p["oom"] else "") + ")" if ran else ""
+        peer = f"{p['tok_s'] or 0:11.2f}{ratio:7.2f}x" if ran else f"{'-':>11}{'-':>8}"
+        print(f"{case:<30}{c['tok_s']:9.2f}{peer}   "
               f"{gb(c['cg_peak'])} / {gb(c['rss'])}, {gb(p['cg_peak'])} / {gb(p['rss'])}{note}")
         for w in peers:
             if w != best:
                 print(f"{'':<30}{'':>9}{r[w]['tok_s']:11.2f}  ({w})")
-        if NO_READAHEAD in r:
-            n = r[NO_READAHEAD]
-            print(f"{'':<30}{n['tok_s'] or 0:9.2f}{'':>11}{'':>8}   {gb(n['cg_peak'])} / {gb(n['rss'])}"
-                  f"  ({NO_READAHEAD}: read-ahead pays {c['tok_s'] / n['tok_s'] if n['tok_s'] else 0:.2f}x)")
+        for w in READAHEAD_WAYS:
+            if w in r:
+                n = r[w]
+                print(f"{'':<30}{n['tok_s'] or 0:9.2f}{'':>11}{'':>8}   {gb(n['cg_peak'])} / {gb(n['rss'])}"
+                      f"  ({w}; colibri is {c['tok_s'] / n['tok_s'] if n['tok_s'] else 0:.2f}x this)")
 
 
 def parse_caps(text: str) -> list[tuple[float, float]]:
@@ -239,7 +256,8 @@ def parse_args() -> argparse.Namespace:
     w.add_argument("--budget", type=float, default=None, help="colibri's --ram-budget, GiB (none: no limit)")
     w.add_argument("--heat", type=Path, default=None)
     w.add_argument("--repack", action="store_true")
-    w.add_argument("--no-readahead", action="store_true", help="colibri without the store's read-ahead")
+    w.add_argument("--readahead", choices=[m.value for m in Mode], default="auto",
+                   help="colibri's read-ahead: measured (auto, the default), always, never")
     ap.add_argument("--arch", choices=sorted(FILES), default="llama",
                     help="which synthetic file (written on first use): llama Q4_0, qwen3moe and "
                          "glm4moe Q4_K_M")
@@ -249,8 +267,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-uncapped", action="store_true")
     ap.add_argument("--read-mbps", type=float, default=None,
-                    help="throttle every run's reads of the file's disk to this many MB/s (a slow disk), "
-                         "and run colibri with and without its read-ahead")
+                    help="throttle every run's reads of the file's disk to this many MB/s (a slow disk); "
+                         "implies --readahead-ways")
+    ap.add_argument("--readahead-ways", action="store_true",
+                    help="also run colibri with its read-ahead always on and never")
+    ap.add_argument("--no-peer", action="store_true", help="colibri's ways only, no llama.cpp")
     ap.add_argument("--json", type=Path, default=None, help="also write the medians here")
     return ap.parse_args()
 
@@ -260,6 +281,7 @@ def main() -> None:
     if args.mode == "worker":
         print(json.dumps({"colibri": work_colibri, "llama": work_llama, "heat": work_heat}[args.side](args)))
         return
+    args.readahead_ways |= args.read_mbps is not None
     if args.gguf is None:
         args.gguf, shape = FILES[args.arch]
         if not args.gguf.exists():

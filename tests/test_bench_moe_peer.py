@@ -82,3 +82,19 @@ def test_the_benchmark_runs_both_engines_capped_and_not(cap: MemoryCap, tmp_path
         for way, r in ways.items():
             assert r["tok_s"] > 0 and r["oom"] == 0 and r["rss"] > 0, (name, way, r)
     assert "no cap (--ram-budget inf)" in run.stdout  # the table is printed
+
+
+def test_the_read_ahead_ways_run_without_the_peer(cap: MemoryCap, tmp_path: Path):
+    gguf = make_synthetic_moe.write_synthetic_moe(
+        tmp_path / "moe.gguf", n_layers=2, n_experts=8, n_used=2, n_embd=256, n_ff=256, n_vocab=4096)
+    out = tmp_path / "table.json"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "bench_moe_peer.py"), "--gguf", str(gguf),
+         "--caps", "0.8:0.001", "--no-uncapped", "--no-peer", "--readahead-ways", "--runs", "1",
+         "--tokens", "4", "--json", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    ways = json.loads(out.read_text())["cases"]["cap 0.8 GB (--ram-budget 0.001)"]
+    assert set(ways) == {"colibri", "colibri, read-ahead on", "colibri, no read-ahead"}
+    assert all(r["tok_s"] > 0 and r["oom"] == 0 for r in ways.values()), ways

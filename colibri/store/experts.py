@@ -42,6 +42,7 @@ from colibri.store.packed import (
     packed_kind,
     packed_nbytes,
 )
+from colibri.store.readahead import ReadAheadPolicy
 
 TIER_DISK, TIER_RAM = 0, 1  # EMAP's 2-bit tier codes (2 would be VRAM: no GPU here)
 # Heat halves every this many forward steps: long enough that a conversation's topic shows, short
@@ -101,7 +102,8 @@ class ExpertStore:
                     )
             self._tensors[i] = names
         self.budget = ram_budget
-        self.prefetch_enabled = True  # off: no read-ahead (the benchmark's plain-mmap baseline)
+        # Whether to read ahead: measured (``readahead.py``), or fixed (the benchmarks' baselines).
+        self.readahead = ReadAheadPolicy()
         # On: misses read through the mapping (page faults, the pages kept mapped), as a plain mmap
         # engine reads: the benchmark's baseline. Off: by ``pread``, nothing mapped.
         self.mapped_reads = False
@@ -113,6 +115,8 @@ class ExpertStore:
         self._predictors: dict[int, Callable[[np.ndarray], np.ndarray]] = {}
         self._hits = self._misses = self._missed_bytes = 0
         self._t_disk = self._t_compute = 0.0
+        self._step_uses = 0  # expert uses since the last ``step_done``, and the misses before it
+        self._step_misses0 = 0
         self._buffer = np.empty(0, np.uint8)  # ``_scratch``
         # Sizes per layer: a file may mix block types across layers (budget accounting must not
         # assume layer 0's everywhere).
@@ -148,9 +152,17 @@ class ExpertStore:
     def note_routing(self, layer: int, expert_ids: np.ndarray) -> None:
         """The distinct experts (ascending int64) this step routes to in ``layer``: heat and HITS."""
         row = self._row_of[layer]
+        self._step_uses += len(expert_ids)
         self.heat[row] *= np.float32(HEAT_DECAY)
         self.heat[row, expert_ids] += np.float32(1.0)
         self._hits_map[row, expert_ids] = True
+
+    def step_done(self, seconds: float, decode: bool) -> None:
+        """A forward step ended, ``seconds`` after it began; ``decode``: all its rows were decode
+        rows (the read-ahead policy weighs those alone: a prefill chunk's cost is another scale)."""
+        if decode and self.budget is not None:
+            self.readahead.observe(seconds, self._step_uses, self._misses - self._step_misses0)
+        self._step_uses, self._step_misses0 = 0, self._misses
 
     def note_compute(self, seconds: float) -> None:
         """Time the forward pass spent applying an expert (PERF's t_emm)."""
@@ -164,7 +176,7 @@ class ExpertStore:
         """Read ahead the experts the MoE layer after ``layer`` is likely to use, guessed by applying
         its router to ``h`` (this layer's input) while this layer computes. Without a budget every
         expert used stays resident, and there is nothing to read ahead after the first use."""
-        if not self.prefetch_enabled or self.budget is None:
+        if not self.readahead.enabled or self.budget is None:
             return
         i = self._row_of[layer] + 1
         if i < len(self.layers) and (predict := self._predictors.get(self.layers[i])) is not None:
@@ -173,7 +185,7 @@ class ExpertStore:
     def prefetch(self, layer: int, expert_ids: np.ndarray) -> None:
         """Experts ``layer`` is expected to route to soon: ask the kernel to start reading the file
         pages of those not resident, so the read overlaps the compute in between."""
-        if not self.prefetch_enabled:
+        if not self.readahead.enabled:
             return
         for e in expert_ids.tolist():
             key = (layer, e)

@@ -10,6 +10,8 @@ rows ``[0, n_direct)`` are decode rows (the matmuls' direct path), the rest prom
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from colibri.model.hparams import HParams
@@ -62,6 +64,7 @@ class Decoder:
         The first ``n_direct`` rows are decode rows (the direct matmul path), the rest prompt rows
         (tiled); the logits always take the direct path, one row per sequence. ``embeds``
         ([rows, n_embd] float32): soft inputs entering at layer 0 in place of the tokens' rows."""
+        start = time.perf_counter()
         x = self.embedding(tokens) if embeds is None else np.array(embeds, np.float32, order="C")
         h = np.empty_like(x)
         for i in range(self.hp.n_layers):
@@ -71,4 +74,6 @@ class Decoder:
             else:
                 attention_then_norm(x, self.attn[i], self.ffn_norm[i], *args, h)
                 add_into(x, self.moe[i](h, n_direct))
-        return self.head(x, logit_rows)
+        logits = self.head(x, logit_rows)
+        self.experts.step_done(time.perf_counter() - start, decode=n_direct == len(x))
+        return logits
