@@ -133,8 +133,9 @@ def run_way(path: Path, way: str, budget: int | None, heat: np.ndarray | None, t
     gc.collect()  # earlier runs' models (reference cycles) would keep their pages mapped, so cached
     model = Model(path, ram_budget=budget)
     store = model.decoder.experts
-    # "store": what a user gets (the read-ahead measured, readahead.py); the others never read ahead
-    store.readahead = ReadAheadPolicy(Mode.AUTO if way == "store" else Mode.OFF)
+    # "store" always reads ahead, "no-ahead" never: the difference is what the read-ahead adds
+    # (a user's store measures which pays, colibri/store/readahead.py; bench_moe_peer.py compares)
+    store.readahead = ReadAheadPolicy(Mode.ON if way == "store" else Mode.OFF)
     store.mapped_reads = way == "mmap"
     pinning = way in ("store", "no-ahead")
     model.gguf.advise_dontneed()

@@ -1,7 +1,7 @@
 """The MoE headline: colibri's expert store against llama.cpp on the same file, under memory caps.
 
     python bench/bench_moe_peer.py [--arch llama|qwen3moe|glm4moe | --gguf PATH] [--caps 1.5:0.6,1.0:0.3]
-        [--tokens 64] [--runs 3]
+        [--tokens 64] [--runs 3] [--no-uncapped] [--read-mbps N] [--readahead-ways] [--no-peer]
 
 The file is tools/make_synthetic_moe.py's, written on first use, with a placeholder SentencePiece
 vocabulary so that llama.cpp loads it: ``--arch llama`` (the default) 24 layers x 64 experts of
@@ -12,8 +12,10 @@ vocabulary so that llama.cpp loads it: ``--arch llama`` (the default) 24 layers 
 of 128, half of each rotated) in the same mix, 2.09 GiB. Each case is a memory cap (GB, RSS plus
 page cache, as a small machine's RAM: ``memcap.py`` says how it is applied here) and colibri's
 ``--ram-budget`` (GiB) under it, then one case with no cap and no budget. ``--read-mbps`` also
-makes the disk slow (every run's reads throttled: ``readcap.py``) and adds colibri without its
-read-ahead, to show what the read-ahead is worth there.
+makes the disk slow (every run's reads throttled: ``readcap.py``) and implies ``--readahead-ways``:
+beside "colibri" (whose store measures whether reading ahead pays), colibri reading ahead always
+and never, in the capped cases (uncapped there is nothing to read ahead). ``--no-peer``: colibri's
+ways only.
 Every run is one fresh worker process started inside its cgroup, after the file's pages are dropped
 from the page cache; the sides alternate run by run. Each worker prefills the same prompt, then
 samples ``--tokens`` tokens at temperature 1 (a random model's greedy output loops over a few
@@ -62,6 +64,7 @@ RUN_TIMEOUT_S = 1800  # a thrashing run at a small cap is slow, not stuck
 # The ways --read-mbps (or --readahead-ways) adds beside "colibri" (whose read-ahead is measured,
 # colibri/store/readahead.py): the read-ahead always on, and never.
 READAHEAD_WAYS = {"colibri, read-ahead on": "on", "colibri, no read-ahead": "off"}
+NO_RESULT = {"tok_s": None, "cg_peak": None, "rss": None, "oom": 0}  # a side not run (--no-peer)
 CACHE = Path.home() / ".cache" / "colibri" / "bench"
 # The real-architecture file: Qwen3-30B-A3B's shape (48 layers, 128 experts of 768 x 2048, top-8,
 # 32 heads of 128, 4 KV heads) at half its width, half its depth and half its experts.
@@ -189,7 +192,7 @@ def measure_case(cap: MemoryCap, args, limit_gb: float | None, budget: float | N
         ways["llama.cpp"] = worker_argv("llama", args.gguf, args.tokens, repack=False)
         if limit_gb is None:
             ways["llama.cpp repack"] = worker_argv("llama", args.gguf, args.tokens, repack=True)
-    if args.readahead_ways:
+    if args.readahead_ways and budget is not None:  # no budget: nothing is ever read ahead
         for way, mode in READAHEAD_WAYS.items():
             ways[way] = worker_argv("colibri", args.gguf, args.tokens, budget, heat, readahead=mode)
     runs: dict[str, list[dict]] = {way: [] for way in ways}
@@ -204,9 +207,6 @@ def measure_case(cap: MemoryCap, args, limit_gb: float | None, budget: float | N
     return {way: {"tok_s": median_of(rs, "tok_s"), "cg_peak": median_of(rs, "cg_peak"),
                   "rss": median_of(rs, "rss"), "oom": sum(r["oom"] for r in rs), "runs": len(rs)}
             for way, rs in runs.items()}
-
-
-NO_RESULT = {"tok_s": None, "cg_peak": None, "rss": None, "oom": 0}  # a side not run (--no-peer)
 
 
 def gb(x: float | None) -> str:

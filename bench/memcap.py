@@ -117,7 +117,8 @@ class MemoryCap:
             p = subprocess.run(prefix + argv, capture_output=True, text=True, timeout=timeout)
             return Capped(p.returncode, p.stdout, p.stderr, None, p.returncode in (-9, 137))
         if self.base is None:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, preexec_fn=join)
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                               preexec_fn=join if also_join is not None else None)
             return Capped(p.returncode, p.stdout, p.stderr, None, False)
         group = self.base / f"{NAME_PREFIX}{uuid.uuid4().hex[:12]}"
         group.mkdir()

@@ -19,8 +19,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+from memcap import CGROUP_ROOT
+
 V1_BLKIO = CGROUP_ROOT / "blkio"
+# The benchmark's groups by name: a run that died before removing its group leaves one that says
+# whose it is.
 NAME_PREFIX = "colibri-bench-read-"
 
 
@@ -35,8 +38,8 @@ def block_device(path: Path) -> str:
 
 
 class ReadCap:
-    """How this machine throttles a process's reads of one device: ``method`` "cgroup2" or
-    "cgroup1", or None (``why`` says why not)."""
+    """How this machine throttles a process's reads of one device: ``method`` "cgroup1", or None
+    (``why`` says why not)."""
 
     def __init__(self, method: str | None, device: str, bytes_per_s: int, why: str = "") -> None:
         self.method, self.device, self.bytes_per_s, self.why = method, device, bytes_per_s, why

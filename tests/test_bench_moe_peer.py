@@ -16,6 +16,7 @@ from test_expert_store import make_synthetic_moe
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+from bench_moe import drop_cache  # noqa: E402
 from memcap import MemoryCap  # noqa: E402
 from readcap import ReadCap  # noqa: E402
 
@@ -52,10 +53,8 @@ def test_a_throttled_process_reads_through_its_throttle(cap: MemoryCap, tmp_path
     data.write_bytes(bytes(range(256)) * (64 << 12))  # 64 MiB
     reads = ReadCap.detect(data, 200_000_000)
     if reads.method is None or cap.method != "cgroup1":
-        pytest.skip(f"no way to throttle reads beside the memory cap here: {reads.describe()}")
-    sys.path.insert(0, str(ROOT / "bench"))
-    from bench_moe import drop_cache
-
+        pytest.skip(f"no way to throttle reads beside the memory cap here: {reads.describe()} "
+                    f"(memory cap: {cap.describe()})")
     subprocess.run(["sync"], check=True)
     drop_cache(data)
     with reads.group() as procs:

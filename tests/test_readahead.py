@@ -35,8 +35,22 @@ def test_a_trial_tries_both_ways_then_holds_the_cheaper():
     assert ways[:TRIAL_STEPS] == [True] * TRIAL_STEPS
     assert ways[TRIAL_STEPS:2 * TRIAL_STEPS] == [False] * TRIAL_STEPS
     assert ways[2 * TRIAL_STEPS:] == [False] * HOLD_STEPS  # without was cheaper: held
-    assert policy.enabled  # the hold is over: the next trial starts with the read-ahead
     assert policy.decisions == 1
+    ways = _run(policy, cost_with=1.0, cost_without=0.8, steps=2 * TRIAL_STEPS + HOLD_STEPS)
+    assert ways[:2 * TRIAL_STEPS] == [False] * TRIAL_STEPS + [True] * TRIAL_STEPS  # the other first
+    assert ways[2 * TRIAL_STEPS:] == [False] * HOLD_STEPS and policy.decisions == 2
+
+
+def test_one_slow_step_does_not_decide_a_trial():
+    """Each way's median step: a without-step 100x dearer (a collection, say) is one step."""
+    policy = ReadAheadPolicy()
+    ways = []
+    for i in range(2 * TRIAL_STEPS + 1):
+        on = policy.enabled
+        ways.append(on)
+        cost = 1.0 if on else (80.0 if i == TRIAL_STEPS else 0.8)
+        policy.observe(cost * USES, USES, misses=1)
+    assert not ways[-1]  # without held, the slow step notwithstanding
 
 
 def test_the_read_ahead_is_kept_when_it_pays_or_ties():

@@ -5,6 +5,8 @@ compute the same logits from it; colibri gives the same tokens whatever its expe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from quant_harness import llama_model
@@ -24,15 +26,20 @@ PROMPT = [1, 300, 301, 302, 400, 401, 7, 9, 300, 260, 261, 500]
 
 
 @pytest.fixture(scope="module", params=["qwen3moe", "glm4moe"])
-def qwen(request, tmp_path_factory) -> GGUFFile:
-    """The file of each real architecture (named for the first; the tests read any)."""
-    path = tmp_path_factory.mktemp(request.param) / f"synthetic-{request.param}.gguf"
-    return make_synthetic_moe.write_synthetic_moe(path, arch=request.param, **SHAPE)
+def arch(request) -> str:
+    return request.param
 
 
-def test_the_file_is_llama_cpps_q4_k_m_mix(qwen):
-    g = GGUFFile(qwen)
-    arch = g.get("general.architecture")
+@pytest.fixture(scope="module")
+def kquant_file(arch, tmp_path_factory) -> Path:
+    """The file of each real architecture."""
+    path = tmp_path_factory.mktemp(arch) / f"synthetic-{arch}.gguf"
+    return make_synthetic_moe.write_synthetic_moe(path, arch=arch, **SHAPE)
+
+
+def test_the_file_is_llama_cpps_q4_k_m_mix(kquant_file, arch):
+    g = GGUFFile(kquant_file)
+    assert g.get("general.architecture") == arch
     assert g.tensors["token_embd.weight"].gtype == GGMLType.Q4_K
     assert g.tensors["output.weight"].gtype == GGMLType.Q6_K
     more = [i for i in range(LAYERS) if make_synthetic_moe.use_more_bits(i, LAYERS)]
@@ -67,10 +74,10 @@ def _values(g: GGUFFile, name: str, expert: int = 0) -> np.ndarray:
     return out
 
 
-def test_random_k_blocks_are_centred_with_the_q4_0_files_spread(qwen, tmp_path):
+def test_random_k_blocks_are_centred_with_the_q4_0_files_spread(kquant_file, tmp_path):
     """Drawn in their byte layout, the Q4_K and Q6_K experts decode to values centred on zero with
     the spread of the Q4_0 file's (so both files' routing behaves alike)."""
-    g = GGUFFile(qwen)
+    g = GGUFFile(kquant_file)
     q4_0 = GGUFFile(make_synthetic_moe.write_synthetic_moe(
         tmp_path / "q4_0.gguf", n_layers=1, n_experts=2, n_used=1, n_embd=256, n_ff=256, n_vocab=300))
     spread = _values(q4_0, "blk.0.ffn_gate_exps.weight").std()
@@ -80,16 +87,16 @@ def test_random_k_blocks_are_centred_with_the_q4_0_files_spread(qwen, tmp_path):
         assert 0.75 < v.std() / spread < 1.33, (name, v.std(), spread)
 
 
-def test_colibri_and_llama_cpp_compute_the_same_logits(qwen):
+def test_colibri_and_llama_cpp_compute_the_same_logits(kquant_file):
     """The whole prompt's logits, colibri against llama.cpp (F32 KV cache) on the same file: the
     in-place Q4_K/Q6_K experts, q/k norms or biases, NEOX RoPE (whole or partial), top-k
     renormalisation, the selection bias and the shared expert as the peer has them. (On the glm4moe
     file, routing without the selection bias moves the logits by 0.15 of their spread, dropping the
     shared expert by 0.25: each fails.)"""
-    llm = llama_model(qwen)
+    llm = llama_model(kquant_file)
     llm.eval(PROMPT)
     ref = np.array(llm.scores[: len(PROMPT)])
-    m = Model(qwen)
+    m = Model(kquant_file)
     n = len(PROMPT)
     ours = m.forward(np.array(PROMPT), np.zeros(n, np.int64), np.arange(n), m.new_kv_cache(1, 64),
                      np.arange(n), 0)
@@ -99,9 +106,9 @@ def test_colibri_and_llama_cpp_compute_the_same_logits(qwen):
         assert int(np.argmax(ours[pos])) == int(np.argmax(ref[pos])) or np.ptp(np.sort(ref[pos])[-2:]) < 0.01
 
 
-def test_the_same_tokens_whatever_the_expert_budget(qwen):
+def test_the_same_tokens_whatever_the_expert_budget(kquant_file):
     def tokens(budget: int | None) -> list[int]:
-        m = Model(qwen, ram_budget=budget)
+        m = Model(kquant_file, ram_budget=budget)
         seq = SingleSequence(m, 64, 16)
         sampler, out = Sampler(SamplingParams(temperature=1.0, seed=3)), []
         logits = seq.prefill(PROMPT)[-1]

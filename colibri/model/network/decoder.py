@@ -64,16 +64,19 @@ class Decoder:
         The first ``n_direct`` rows are decode rows (the direct matmul path), the rest prompt rows
         (tiled); the logits always take the direct path, one row per sequence. ``embeds``
         ([rows, n_embd] float32): soft inputs entering at layer 0 in place of the tokens' rows."""
-        start = time.perf_counter()
-        x = self.embedding(tokens) if embeds is None else np.array(embeds, np.float32, order="C")
-        h = np.empty_like(x)
-        for i in range(self.hp.n_layers):
-            args = (self.shape, kv.k, kv.v, i, slots, positions, self.inv_freq, n_direct)
-            if self.moe[i] is None:
-                dense_layer(x, self.attn[i], self.ffn_norm[i], self.ffn[i], *args)
-            else:
-                attention_then_norm(x, self.attn[i], self.ffn_norm[i], *args, h)
-                add_into(x, self.moe[i](h, n_direct))
-        logits = self.head(x, logit_rows)
-        self.experts.step_done(time.perf_counter() - start, decode=n_direct == len(x))
-        return logits
+        start, done = time.perf_counter(), False
+        try:
+            x = self.embedding(tokens) if embeds is None else np.array(embeds, np.float32, order="C")
+            h = np.empty_like(x)
+            for i in range(self.hp.n_layers):
+                args = (self.shape, kv.k, kv.v, i, slots, positions, self.inv_freq, n_direct)
+                if self.moe[i] is None:
+                    dense_layer(x, self.attn[i], self.ffn_norm[i], self.ffn[i], *args)
+                else:
+                    attention_then_norm(x, self.attn[i], self.ffn_norm[i], *args, h)
+                    add_into(x, self.moe[i](h, n_direct))
+            logits = self.head(x, logit_rows)
+            done = True
+            return logits
+        finally:  # a step that failed is not weighed, but its counts end with it
+            self.experts.step_done(time.perf_counter() - start, decode=done and n_direct == len(x))
