@@ -36,6 +36,7 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
+from colibri.store.arena import Arena
 from colibri.store.blocks import F16_TABLE, JIT_OPTIONS, decode_row, half  # noqa: F401 (re-exported)
 from colibri.store.formats import BLOCK, FORMATS, GGMLType, Kind, computed_format, row_nbytes
 from colibri.store.lanes import FOUR_BIT, LANE_TYPES, SIXTEEN, lane_row, lane_row16
@@ -163,12 +164,13 @@ def _q8_block(types: list[int]) -> int:
 
 
 def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = False,
-                lanes: bool = True) -> Weight:
+                lanes: bool = True, arena: Arena | None = None) -> Weight:
     """One matrix from the raw GGUF rows of one or more tensors stacked by rows (q, k and v
     become one matmul). Parts of one packed kind pack to it, and so (``lanes``) do the in-place
     formats that fit (``packed_kind``); other parts of an in-place format keep their bytes (a view
     of the file when there is one part and not ``copy``: the expert store copies, so that its
-    resident tier owns its bytes); anything else is widened to float32."""
+    resident tier owns its bytes); anything else is widened to float32. ``arena``: where the
+    packed or widened arrays go (a model's lifetime weights: ``arena.py``), else NumPy's heap."""
     kind, n_rows = packed_kind([t for _, t in parts], lanes), sum(raw.shape[0] for raw, _ in parts)
     if kind == KIND_BLOCKS:
         return _blocks_weight(parts, copy)
@@ -179,7 +181,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
         halves, derived = _half_scales(types), _derived_offsets(types, kind)
         # Every byte is written when the rows fill whole groups: no zeroing pass (a miss packs an
         # expert into fresh memory on every use); else zeros, for the last group's empty rows.
-        new = np.empty if n_rows % GROUP == 0 else np.zeros
+        new = arena.empty if arena is not None else np.empty if n_rows % GROUP == 0 else np.zeros
         q = new((groups, n_blocks, per // QUAD, QUAD * GROUP), np.uint8)
         d = _EMPTY_S if halves else new((groups, n_blocks, GROUP), np.float32)
         m = _EMPTY_S if derived or halves else new((groups, n_blocks, GROUP), np.float32)
@@ -199,7 +201,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
                 _pack_lanes(raw, t, n_cols, row, q, d, m)
             row += raw.shape[0]
         return Weight(kind, n_rows, q, d, m, _EMPTY_F, _EMPTY_RAW, _EMPTY_PARTS, dh, mh)
-    f = np.empty((n_rows, n_cols), np.float32)
+    f = (np.empty if arena is None else arena.empty)((n_rows, n_cols), np.float32)
     row = 0
     for raw, t in parts:
         computed_format(t)  # an unknown type raises here, not in the compiled loop

@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from colibri.store.arena import Arena
 from colibri.store.gguf import GGUFError, GGUFFile
 from colibri.store.packed import KIND_BLOCKS, Weight, dequantize_row, make_weight
 
 _EMPTY = np.zeros(0, np.float32)
+# The packed matrices of every model this process loads: they live as long as their model, in
+# huge pages where the kernel gives them (``arena.py``: a decode step streams them all).
+LIFETIME = Arena()
 
 
 def load_weight(gguf: GGUFFile, *names: str) -> Weight:
     """One matrix from one or more tensors of the same row length, stacked by rows."""
     infos = [gguf.require_supported(n) for n in names]
     parts = [(gguf.raw(n), int(i.gtype)) for n, i in zip(names, infos, strict=True)]
-    weight = make_weight(parts, infos[0].shape[0])
+    weight = make_weight(parts, infos[0].shape[0], arena=LIFETIME)
     if weight.kind != KIND_BLOCKS:  # packed: the file's pages are not read again
         for name in names:
             gguf.release(name)
