@@ -159,7 +159,7 @@ def worker_argv(side: str, gguf: Path, tokens: int, budget: float | None = None,
         argv += ["--budget", str(budget)]
     if heat is not None:
         argv += ["--heat", str(heat)]
-    return argv + (["--repack"] if repack else []) + ["--readahead", readahead]
+    return argv + (["--repack"] if repack else []) + (["--readahead", readahead] if side == "colibri" else [])
 
 
 def run_one(cap: MemoryCap, argv: list[str], gguf: Path, limit: int | None, reads: ReadCap | None) -> dict:

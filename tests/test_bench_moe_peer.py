@@ -64,36 +64,37 @@ def test_a_throttled_process_reads_through_its_throttle(cap: MemoryCap, tmp_path
     assert charged >= 60 << 20, charged
 
 
-def test_the_benchmark_runs_both_engines_capped_and_not(cap: MemoryCap, tmp_path: Path):
-    gguf = make_synthetic_moe.write_synthetic_moe(
-        tmp_path / "moe.gguf", n_layers=2, n_experts=8, n_used=2, n_embd=256, n_ff=256, n_vocab=4096)
+@pytest.fixture(scope="module")
+def tiny_moe(tmp_path_factory) -> Path:
+    return make_synthetic_moe.write_synthetic_moe(
+        tmp_path_factory.mktemp("moe") / "moe.gguf", n_layers=2, n_experts=8, n_used=2, n_embd=256,
+        n_ff=256, n_vocab=4096)
+
+
+def _bench(gguf: Path, tmp_path: Path, *options: str) -> tuple[dict, str]:
+    """The benchmark on ``gguf``, one run of 4 tokens, capped at 0.8 GB: its cases, its stdout."""
     out = tmp_path / "table.json"
     run = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "bench_moe_peer.py"), "--gguf", str(gguf),
-         "--caps", "0.8:0.001", "--runs", "1", "--tokens", "4", "--json", str(out)],
+         "--caps", "0.8:0.001", "--runs", "1", "--tokens", "4", "--json", str(out), *options],
         capture_output=True, text=True, timeout=600,
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    cases = json.loads(out.read_text())["cases"]
+    return json.loads(out.read_text())["cases"], run.stdout
+
+
+def test_the_benchmark_runs_both_engines_capped_and_not(cap: MemoryCap, tiny_moe: Path, tmp_path: Path):
+    cases, stdout = _bench(tiny_moe, tmp_path)
     assert set(cases) == {"cap 0.8 GB (--ram-budget 0.001)", "no cap (--ram-budget inf)"}
     assert set(cases["no cap (--ram-budget inf)"]) == {"colibri", "llama.cpp", "llama.cpp repack"}
     for name, ways in cases.items():
         for way, r in ways.items():
             assert r["tok_s"] > 0 and r["oom"] == 0 and r["rss"] > 0, (name, way, r)
-    assert "no cap (--ram-budget inf)" in run.stdout  # the table is printed
+    assert "no cap (--ram-budget inf)" in stdout  # the table is printed
 
 
-def test_the_read_ahead_ways_run_without_the_peer(cap: MemoryCap, tmp_path: Path):
-    gguf = make_synthetic_moe.write_synthetic_moe(
-        tmp_path / "moe.gguf", n_layers=2, n_experts=8, n_used=2, n_embd=256, n_ff=256, n_vocab=4096)
-    out = tmp_path / "table.json"
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "bench_moe_peer.py"), "--gguf", str(gguf),
-         "--caps", "0.8:0.001", "--no-uncapped", "--no-peer", "--readahead-ways", "--runs", "1",
-         "--tokens", "4", "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    ways = json.loads(out.read_text())["cases"]["cap 0.8 GB (--ram-budget 0.001)"]
+def test_the_read_ahead_ways_run_without_the_peer(cap: MemoryCap, tiny_moe: Path, tmp_path: Path):
+    cases, _ = _bench(tiny_moe, tmp_path, "--no-uncapped", "--no-peer", "--readahead-ways")
+    ways = cases["cap 0.8 GB (--ram-budget 0.001)"]
     assert set(ways) == {"colibri", "colibri, read-ahead on", "colibri, no read-ahead"}
     assert all(r["tok_s"] > 0 and r["oom"] == 0 for r in ways.values()), ways
