@@ -13,7 +13,7 @@ import pytest
 
 from colibri.model.kernels.attention import attend, store_kv
 from colibri.model.kernels.int8_matmul import int8_matmul
-from colibri.model.kernels.ops import add_into, rmsnorm, rope, rope_frequencies, swiglu
+from colibri.model.kernels.ops import add_into, exp_into, rmsnorm, rope, rope_frequencies, swiglu
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store.blocks import IN_PLACE
 from colibri.store.formats import BLOCK_GEOMETRY, SUPPORTED, GGMLType, dequantize, quantize
@@ -324,6 +324,29 @@ def test_swiglu_and_add_into():
     acc = gate.copy()
     add_into(acc, up)
     np.testing.assert_allclose(acc, gate + up, rtol=0, atol=0)
+
+
+def test_exp_into_is_within_3e_7_of_exp_and_clamps_past_float32s_range():
+    x = np.concatenate([np.linspace(-87, 88, 200_001), [0.0, -0.0, 1e-8, -1e-8]]).astype(np.float32)
+    out = np.empty_like(x)
+    exp_into(x, out)
+    exact = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(out - exact) / exact) < 3e-7
+    assert out[-4] == 1.0 and out[-3] == 1.0
+    far = np.array([-1e4, -100, 100, 1e4], np.float32)
+    clamped = np.empty_like(far)
+    exp_into(far, clamped)  # clamped to exp(-87) and exp(88): normal floats, never inf or 0
+    np.testing.assert_allclose(clamped, np.exp(np.array([-87, -87, 88, 88], np.float64)), rtol=3e-7)
+
+
+def test_swiglu_keeps_its_limits_for_large_gates():
+    gate = np.array([[-200.0, -90.0, -20.0, 0.0, 20.0, 90.0, 200.0]], np.float32)
+    up = np.ones_like(gate)
+    g = gate.copy()
+    swiglu(g, up)
+    g64 = gate.astype(np.float64)
+    np.testing.assert_allclose(g, g64 / (1 + np.exp(-g64)), rtol=1e-6, atol=1e-30)
+    assert np.all(np.isfinite(g))
 
 
 def attention_reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n_heads: int, n_kv: int,

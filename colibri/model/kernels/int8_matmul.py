@@ -57,6 +57,7 @@ assert _OFF_Q4 == OFFSET_Q4 and _OFF_Q8 == OFFSET_Q8
 # a remainder is within half a step, so 2 x 127 finer steps span it.
 Q_MAX = np.float32(127.0)
 FINER = np.float32(254.0)
+INV_Q_MAX, INV_FINER = np.float32(1.0) / Q_MAX, np.float32(1.0) / FINER
 # Levels of 8-bit activation quants: three reach float32's own precision (127 x 254 x 254 steps
 # per block's range, 23 bits), so that a decode row is its prompt row's float product within
 # float32's noise (``tests/test_golden.py``: a prompt run token by token is the prompt run whole).
@@ -64,37 +65,46 @@ FINER = np.float32(254.0)
 LEVELS = 3
 
 
-@nb.njit(**_JIT)
+# quantize_row's reductions (a block's largest magnitude, a sum of integer-valued quants) are exact
+# in any order, so they may reassociate, which is what lets them vectorize.
+_JIT_EXACT_REDUCTIONS = dict(_JIT, fastmath=True, error_model="numpy")
+
+
+@nb.njit(**_JIT_EXACT_REDUCTIONS)
 def quantize_row(x: np.ndarray, per: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray) -> None:
     """A row ``x`` into LEVELS levels of 8-bit quants ``xq[level]`` per 32 values, each rounding
     the remainder of the one before; per weight block of ``per`` values (32 or 16), ``dx[level]``
-    the level's scale and ``sx[level]`` the sum of its quants. The loops run the row's length
-    without branches, so that they vectorize."""
-    k = x.shape[0]
-    rest = x.copy()
-    step = np.empty(k, np.float32)  # the current level's scale of each value's block
-    inv = np.empty(k, np.float32)
-    q = np.empty(k, np.float32)
-    for b in range(k // BLOCK):
+    the level's scale and ``sx[level]`` the sum of its quants.
+
+    One block of 32 at a time, every level of it while its remainder is in registers. The inner
+    loops index views from 0 (an index numba cannot prove non-negative costs a wraparound select
+    per element, and the loop then stops vectorizing), and the steps are multiplied by constant
+    reciprocals, so the bits do not hang on how LLVM happens to lower a division: 1.9 -> 0.9 us for
+    576 values, 4.9 -> 2.4 for 1536."""
+    subs = BLOCK // per
+    rest = np.empty(BLOCK, np.float32)
+    q = np.empty(BLOCK, np.float32)
+    for b in range(x.shape[0] // BLOCK):
+        xb = x[b * BLOCK : (b + 1) * BLOCK]
         amax = np.float32(0.0)
-        for i in range(b * BLOCK, (b + 1) * BLOCK):
-            amax = max(amax, abs(x[i]))
-        for i in range(b * BLOCK, (b + 1) * BLOCK):
-            step[i] = amax / Q_MAX
-    for level in range(LEVELS):
-        for i in range(k):
-            inv[i] = np.float32(1.0) / step[i] if step[i] > 0 else np.float32(0.0)
-        for i in range(k):
-            q[i] = min(Q_MAX, max(-Q_MAX, np.rint(rest[i] * inv[i])))
-            rest[i] -= q[i] * step[i]
-            xq[level, i] = np.int8(q[i])
-        for b in range(k // per):
-            s = np.float32(0.0)
-            for i in range(b * per, (b + 1) * per):
-                s += q[i]
-            dx[level, b], sx[level, b] = step[b * per], np.int32(s)
-        for i in range(k):
-            step[i] = step[i] / FINER
+        for i in range(BLOCK):
+            amax = max(amax, abs(xb[i]))
+            rest[i] = xb[i]
+        step = amax * INV_Q_MAX
+        for level in range(LEVELS):
+            inv = np.float32(1.0) / step if step > 0 else np.float32(0.0)
+            xqb = xq[level, b * BLOCK : (b + 1) * BLOCK]
+            for i in range(BLOCK):
+                q[i] = min(Q_MAX, max(-Q_MAX, np.rint(rest[i] * inv)))
+                rest[i] -= q[i] * step
+                xqb[i] = np.int8(q[i])
+            for j in range(subs):
+                qs = q[j * per : (j + 1) * per]
+                total = np.float32(0.0)
+                for i in range(per):
+                    total += qs[i]
+                dx[level, b * subs + j], sx[level, b * subs + j] = step, np.int32(total)
+            step = step * INV_FINER
 
 
 @nb.njit(inline="always", **_JIT)

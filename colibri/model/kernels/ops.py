@@ -1,12 +1,47 @@
 """Element-wise and row-wise kernels of the transformer block: RMSNorm (whole rows or per head),
-RoPE (normal and NEOX, full or partial), SwiGLU, bias and residual adds."""
+RoPE (normal and NEOX, full or partial), SwiGLU, bias and residual adds, and an exponential that
+vectorizes.
+
+``error_model="numpy"``: a float division by zero gives inf, as in NumPy, rather than raising; the
+check Python's semantics need is a branch per element, which keeps a loop from vectorizing.
+"""
 
 from __future__ import annotations
 
 import numba as nb
 import numpy as np
 
-_JIT = dict(nogil=True, cache=True, fastmath=True)
+_JIT = dict(nogil=True, cache=True, fastmath=True, error_model="numpy")
+
+# exp(x) = 2^k e^r, k = round(x log2 e), r = x - k ln 2 (ln 2 in two parts, so that r keeps its
+# bits), e^r by Cephes' expf polynomial on |r| <= ln 2 / 2: within 3e-7 of the true value, against
+# libm's correctly rounded expf, which numba calls once per element (no vector math library here):
+# 1536 SwiGLU exponentials took 5 us a layer that way, 0.4 us this way.
+_LOG2E = np.float32(1.44269504088896341)
+_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.12194440e-4)
+_EXP_POLY = tuple(np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3,
+                                          4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1))
+# Inputs clamped here: 2^k stays a normal float32 (exp(-87) ~ 1.6e-38; exp(88) ~ 1.65e38).
+_EXP_LO, _EXP_HI = np.float32(-87.0), np.float32(88.0)
+
+
+@nb.njit(**_JIT)
+def exp_into(x: np.ndarray, out: np.ndarray) -> None:
+    """``out = exp(x)`` for 1-D float32 arrays; ``out`` must not overlap ``x`` (the loop's overlap
+    check would then take its scalar path)."""
+    n = x.shape[0]
+    p0, p1, p2, p3, p4, p5 = _EXP_POLY
+    bits = np.empty(n, np.int32)  # 2^k as float32 bits: the exponent field alone
+    for i in range(n):
+        v = min(_EXP_HI, max(_EXP_LO, x[i]))
+        k = np.floor(v * _LOG2E + np.float32(0.5))
+        r = v - k * _LN2_HI - k * _LN2_LO
+        poly = ((((p0 * r + p1) * r + p2) * r + p3) * r + p4) * r + p5
+        out[i] = poly * r * r + r + np.float32(1.0)
+        bits[i] = (np.int32(k) + np.int32(127)) << np.int32(23)
+    scale = bits.view(np.float32)
+    for i in range(n):
+        out[i] *= scale[i]
 
 
 @nb.njit(**_JIT)
@@ -76,12 +111,15 @@ def rope(
 
 @nb.njit(**_JIT)
 def swiglu(gate: np.ndarray, up: np.ndarray) -> None:
-    """``gate = silu(gate) * up`` in place."""
+    """``gate = silu(gate) * up`` in place: ``g / (1 + exp(-g)) * u``."""
     t_rows, k = gate.shape
+    neg, e = np.empty(k, np.float32), np.empty(k, np.float32)
     for t in range(t_rows):
         for i in range(k):
-            g = gate[t, i]
-            gate[t, i] = g / (np.float32(1.0) + np.exp(-g)) * up[t, i]
+            neg[i] = -gate[t, i]
+        exp_into(neg, e)
+        for i in range(k):
+            gate[t, i] = gate[t, i] / (np.float32(1.0) + e[i]) * up[t, i]
 
 
 @nb.njit(**_JIT)
