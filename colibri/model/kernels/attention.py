@@ -73,10 +73,12 @@ def _attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position
                    kh: int, out: np.ndarray, scratch: np.ndarray) -> None:
     """One decode row's query head ``h`` (``q``: the row) against kv head kh of its slot and layer
     (``keys``, ``values``: [position, kv_head, dim]) over positions ``0..position``, into ``out``
-    (the row); ``scratch``: float32 [2, > position]. Plain loops, no copies and no BLAS call: their fixed costs were most of a decode
-    row's attention (14 us a layer at position 40, now ~4). Each inner loop indexes a 1-D row by
-    its ``range``: an index numba cannot prove non-negative gets a wraparound select per element,
-    and LLVM then loads the row with gathers (5x slower)."""
+    (the row); ``scratch``: float32 [2, > position].
+
+    Plain loops, no copies and no BLAS call: their fixed costs were most of a decode row's
+    attention (14 us a layer at position 40, now 4-6). Each inner loop indexes a 1-D row by its
+    ``range``: an index numba cannot prove non-negative gets a wraparound select per element, and
+    LLVM then loads the row with gathers (5x slower)."""
     head_dim, n = keys.shape[2], position + 1
     qh, oh = q[h * head_dim : (h + 1) * head_dim], out[h * head_dim : (h + 1) * head_dim]
     scale = np.float32(1.0 / np.sqrt(head_dim))
