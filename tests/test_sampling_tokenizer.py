@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colibri.model.sampling import REPETITION_WINDOW, Sampler, SamplingParams
+from colibri.model.sampling import REPETITION_WINDOW, Sampler, SamplingParams, top_candidates
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.settings import default_model_path
 from colibri.store.gguf import GGUFFile
@@ -214,3 +214,33 @@ def test_client_text_stays_text_while_other_threads_encode_control_tokens(tok: G
     finally:
         tok._tok = real
     assert not leaked, f"{len(leaked)} of 20 client encodes held <|im_start|> as a control token"
+
+
+def _top_reference(logits: np.ndarray, sampled: int, n: int) -> list[tuple[int, float]]:
+    order = np.lexsort((np.arange(len(logits)), -logits.astype(np.float64)))  # ties: lower id first
+    best = [int(t) for t in order[:n] if t != sampled][: n - 1]
+    shifted = logits.astype(np.float64) - float(logits.max())
+    log_z = float(logits.max()) + float(np.log(np.exp(shifted).sum()))
+    return [(t, float(logits[t]) - log_z) for t in [sampled, *best]]
+
+
+def test_top_candidates_are_the_best_ids_with_their_log_probabilities():
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        n = int(rng.integers(6, 4000))
+        logits = (rng.standard_normal(n) * rng.uniform(0.1, 20)).astype(np.float32)
+        if trial % 3 == 0:
+            logits = np.round(logits)  # ties
+        if trial % 5 == 0:
+            logits[rng.random(n) < 0.7] = -np.inf  # a grammar's mask
+        sampled = int(rng.integers(0, n))
+        got, want = top_candidates(logits, sampled, 5), _top_reference(logits, sampled, 5)
+        assert [t for t, _ in got] == [t for t, _ in want]
+        for (_, a), (_, b) in zip(got, want, strict=True):
+            assert a == b or abs(a - b) < 1e-5 * max(1.0, abs(b))
+
+
+def test_top_candidates_of_a_row_without_a_finite_peak_are_nan_not_an_error():
+    for row in (np.full(8, -np.inf, np.float32), np.array([0.0, np.nan, 1.0], np.float32)):
+        got = top_candidates(row, 1, 3)
+        assert got[0][0] == 1 and all(np.isnan(lp) for _, lp in got)

@@ -5,11 +5,12 @@ Numpy over one row of logits (the vocabulary) per sequence: cheap next to the fo
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from colibri.model.kernels.ops import best_and_log_z
 
 # Tokens looked back on by the repetition penalty (llama.cpp's penalty_last_n default).
 REPETITION_WINDOW = 64
@@ -96,9 +97,12 @@ class Sampler:
 
 
 def top_candidates(logits: np.ndarray, sampled: int, n: int) -> list[tuple[int, float]]:
-    """``n`` (token, log-probability) pairs: the sampled token first, then the best others."""
-    best = np.argpartition(-logits, n)[:n]
-    best = [int(t) for t in best[np.argsort(-logits[best], kind="stable")] if t != sampled]
-    peak = float(logits.max())
-    log_z = peak + math.log(float(np.exp(logits - peak, dtype=np.float64).sum()))
-    return [(t, float(logits[t]) - log_z) for t in [sampled, *best[: n - 1]]]
+    """``n`` (token, log-probability) pairs: the sampled token first, then the best others (ties:
+    the lower id first)."""
+    row = np.ascontiguousarray(logits, np.float32)
+    if not np.isfinite(row.max()):  # NaN, +inf, or nothing but -inf: nothing to normalize against
+        return [(t, float("nan")) for t in [sampled, *[t for t in range(n) if t != sampled][: n - 1]]]
+    best = np.empty(n, np.int64)
+    log_z = best_and_log_z(row, best)
+    others = [int(t) for t in best if t != sampled][: n - 1]
+    return [(t, float(row[t]) - log_z) for t in [sampled, *others]]

@@ -136,3 +136,32 @@ def add_bias(x: np.ndarray, b: np.ndarray) -> None:
     for t in range(x.shape[0]):
         for i in range(x.shape[1]):
             x[t, i] += b[i]
+
+
+@nb.njit(**_JIT)
+def best_and_log_z(logits: np.ndarray, best: np.ndarray) -> float:
+    """The ``len(best)`` largest logits' ids into ``best`` (largest first; ties: the lower id first)
+    and ``log(sum(exp(logits)))``, in one pass and one vectorized exp: TOPK's figures for every
+    token of every request, which ``argpartition`` and a float64 ``np.exp`` over the vocabulary took
+    ~0.4 ms a token to give (a twelfth of the default model's step). The sum is float64 over
+    ``exp_into``'s float32 terms: log Z within ~3e-7."""
+    n, k = logits.shape[0], best.shape[0]
+    vals = np.full(k, -np.inf, np.float32)
+    best[:] = -1
+    for i in range(n):
+        v = logits[i]
+        if v > vals[k - 1] or (best[k - 1] < 0 and v == vals[k - 1]):
+            j = k - 1
+            while j > 0 and (v > vals[j - 1] or best[j - 1] < 0):
+                vals[j], best[j] = vals[j - 1], best[j - 1]
+                j -= 1
+            vals[j], best[j] = v, i
+    peak = vals[0]
+    shifted, e = np.empty(n, np.float32), np.empty(n, np.float32)
+    for i in range(n):
+        shifted[i] = logits[i] - peak
+    exp_into(shifted, e)
+    total = 0.0
+    for i in range(n):
+        total += np.float64(e[i])
+    return np.float64(peak) + np.log(total)
