@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numba as nb
 import numpy as np
 
 from colibri.store.gguf import GGUFError, GGUFFile
@@ -72,6 +73,17 @@ class StoreCounters(NamedTuple):
     missed_bytes: int  # file bytes those misses read
     t_disk: float  # seconds reading and packing misses
     t_compute: float  # seconds in the experts' matmuls
+
+
+@nb.njit(nogil=True, cache=True)
+def _note_routing(heat: np.ndarray, hits: np.ndarray, expert_ids: np.ndarray, decay: np.float32) -> None:
+    """A layer's heat decayed a step, its routed experts' heat +1 and their HITS bits set: one
+    compiled call a layer, where three NumPy operations on 64 values took ~22 us."""
+    for e in range(heat.shape[0]):
+        heat[e] *= decay
+    for e in expert_ids:
+        heat[e] += np.float32(1.0)
+        hits[e] = True
 
 
 class ExpertStore:
@@ -153,9 +165,7 @@ class ExpertStore:
         """The distinct experts (ascending int64) this step routes to in ``layer``: heat and HITS."""
         row = self._row_of[layer]
         self._step_uses += len(expert_ids)
-        self.heat[row] *= np.float32(HEAT_DECAY)
-        self.heat[row, expert_ids] += np.float32(1.0)
-        self._hits_map[row, expert_ids] = True
+        _note_routing(self.heat[row], self._hits_map[row], expert_ids, np.float32(HEAT_DECAY))
 
     def step_done(self, seconds: float, decode: bool) -> None:
         """A forward step ended, ``seconds`` after it began; ``decode``: all its rows were decode

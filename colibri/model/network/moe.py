@@ -149,6 +149,15 @@ def route(logits: np.ndarray, bias: np.ndarray, rule: Routing, ids: np.ndarray, 
 
 
 @nb.njit(**_JIT)
+def route_rows(h: np.ndarray, router: np.ndarray, bias: np.ndarray, rule: Routing, ids: np.ndarray,
+               weights: np.ndarray) -> None:
+    """``router_logits`` then ``route``: one compiled call a layer, not two and an allocation."""
+    logits = np.empty((h.shape[0], router.shape[0]), np.float32)
+    router_logits(h, router, logits)
+    route(logits, bias, rule, ids, weights)
+
+
+@nb.njit(**_JIT)
 def by_expert(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Group the (row, rank) pairs by expert: ``experts`` (the distinct ones, ascending), and for
     the i-th, its pairs ``rows[starts[i]:starts[i+1]]``, ``ranks[...]``, rows ascending (so the
@@ -251,11 +260,9 @@ class MoEFFN:
 
     def select(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each row's experts ``ids[t, :k]`` (best first) and their weights."""
-        logits = np.empty((h.shape[0], self.router.shape[0]), np.float32)
-        router_logits(h, self.router, logits)
         ids = np.empty((h.shape[0], self.rule.k), np.int64)
         weights = np.empty((h.shape[0], self.rule.k), np.float32)
-        route(logits, self.bias, self.rule, ids, weights)
+        route_rows(h, self.router, self.bias, self.rule, ids, weights)
         return ids, weights
 
     def predict(self, h: np.ndarray) -> np.ndarray:
