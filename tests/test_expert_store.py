@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -188,3 +189,31 @@ def test_impossible_routing_metadata_is_one_clear_error(tmp_path: Path, n_used: 
     assert run.returncode == 1
     assert run.stderr.startswith("coli: error:") and "expert_used_count" in run.stderr
     assert "Traceback" not in run.stderr and run.stderr.count("\n") == 1
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping holding ``address`` (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        if m := re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line):
+            inside = int(m[1], 16) <= address < int(m[2], 16)
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    return []
+
+
+def test_a_model_that_fits_is_pinned_in_huge_page_memory_and_a_short_budget_is_not(moe_path: Path):
+    """Pinned for good, every expert of a model that fits goes to memory advised for huge pages
+    (the dense weights' arena); a budget short of the model pins into NumPy's heap."""
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists():
+        pytest.skip(f"this kernel has no transparent huge pages ({thp} is absent)")
+    whole = open_with_budget(moe_path, None).decoder.experts
+    whole.pin_hottest(None)
+    q = whole.get(whole.layers[0], 0).gate_up.q
+    assert "hg" in _vm_flags(q.ctypes.data)
+    short = open_with_budget(moe_path, whole.all_nbytes() - 1).decoder.experts
+    heat = np.zeros_like(short.heat)
+    heat[0, 0] = 1.0
+    assert short.pin_hottest(heat) == 1
+    assert "hg" not in _vm_flags(short.get(short.layers[0], 0).gate_up.q.ctypes.data)
