@@ -4,12 +4,16 @@ the same logits, whatever dtype the caller's slot and position arrays have."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from colibri.model.kv_cache import KVCache
+from colibri.model.loader import Model
 from colibri.model.network.decoder import Entry, same_types
 from colibri.model.network.layers import dense_layer
 
 
-def forward(model, kv, tokens, start, slot_dtype=np.int64):  # noqa: ANN001, ANN201
+def forward(model: Model, kv: KVCache, tokens: list[int], start: int,
+            slot_dtype: type = np.int64) -> np.ndarray:
     n = len(tokens)
     positions = np.arange(start, start + n).astype(slot_dtype)
     return model.forward(np.asarray(tokens, np.int64), np.zeros(n, slot_dtype), positions, kv, np.arange(n),
@@ -44,3 +48,11 @@ def test_same_types_tells_a_layer_argument_that_types_differently():
     assert same_types(dense_layer, [f32, np.ones(8, np.float32)])
     assert not same_types(dense_layer, [f32, f64])
     assert not same_types(dense_layer, [f32, np.zeros((2, 2), np.float32)])
+
+
+def test_soft_rows_of_the_wrong_shape_are_refused_not_misread(model):
+    kv = model.new_kv_cache(1, 16)
+    bad = np.zeros(model.hp.n_embd, np.float32)  # one row, but 1-D
+    with pytest.raises(ValueError, match="soft input rows"):
+        model.forward(np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64), kv,
+                      np.zeros(1, np.int64), 1, bad)

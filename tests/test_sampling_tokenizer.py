@@ -244,3 +244,14 @@ def test_top_candidates_of_a_row_without_a_finite_peak_are_nan_not_an_error():
     for row in (np.full(8, -np.inf, np.float32), np.array([0.0, np.nan, 1.0], np.float32)):
         got = top_candidates(row, 1, 3)
         assert got[0][0] == 1 and all(np.isnan(lp) for _, lp in got)
+
+
+def test_top_candidates_with_fewer_finite_logits_than_asked_are_still_real_ids():
+    logits = np.full(50, -np.inf, np.float32)
+    logits[[7, 30]] = [1.0, 2.0]  # a grammar left two tokens
+    got = top_candidates(logits, 30, 5)
+    assert [t for t, _ in got][:2] == [30, 7]
+    assert all(0 <= t < 50 for t, _ in got)
+    assert got[0][1] == pytest.approx(-np.log1p(np.exp(-1.0)), abs=1e-6)
+    assert all(lp == -np.inf for _, lp in got[2:])
+    assert [t for t, _ in top_candidates(np.array([3.0, 1.0], np.float32), 1, 5)] == [1, 0]

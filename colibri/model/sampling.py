@@ -98,9 +98,11 @@ class Sampler:
 
 def top_candidates(logits: np.ndarray, sampled: int, n: int) -> list[tuple[int, float]]:
     """``n`` (token, log-probability) pairs: the sampled token first, then the best others (ties:
-    the lower id first)."""
+    the lower id first). A row with no finite peak (NaN, +inf, or nothing but -inf) has nothing to
+    normalize against: its pairs are NaN, after the sampled token the lowest other ids."""
     row = np.ascontiguousarray(logits, np.float32)
-    if not np.isfinite(row.max()):  # NaN, +inf, or nothing but -inf: nothing to normalize against
+    n = min(n, len(row))
+    if not np.isfinite(row.max()):
         return [(t, float("nan")) for t in [sampled, *[t for t in range(n) if t != sampled][: n - 1]]]
     best = np.empty(n, np.int64)
     log_z = best_and_log_z(row, best)

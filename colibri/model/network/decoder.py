@@ -96,10 +96,13 @@ class Decoder:
         (tiled); the logits always take the direct path, one row per sequence. ``embeds``
         ([rows, n_embd] float32): soft inputs entering at layer 0 in place of the tokens' rows."""
         start, done = time.perf_counter(), False
-        slots, positions = np.ascontiguousarray(slots, np.int64), np.ascontiguousarray(positions, np.int64)
+        slots = np.ascontiguousarray(slots, np.int64).reshape(-1)
+        positions = np.ascontiguousarray(positions, np.int64).reshape(-1)
         n_direct = int(n_direct)
         try:
             x = self.embedding(tokens) if embeds is None else np.array(embeds, np.float32, order="C")
+            if x.ndim != 2 or x.shape[1] != self.hp.n_embd:
+                raise ValueError(f"soft input rows must be [rows, {self.hp.n_embd}], got {list(x.shape)}")
             h = np.empty_like(x)
             for i in range(self.hp.n_layers):
                 args = (self.shape, kv.k, kv.v, i, slots, positions, self.inv_freq, n_direct)
