@@ -131,7 +131,6 @@ class ExpertStore:
         self._step_uses = 0  # expert uses since the last ``step_done``, and the misses before it
         self._step_misses0 = 0
         self._buffer = np.empty(0, np.uint8)  # ``_scratch``
-        self._arena: Arena | None = None  # where ``pin_hottest`` packs, while it packs
         # Sizes per layer: a file may mix block types across layers (budget accounting must not
         # assume layer 0's everywhere).
         self._nbytes = {layer: self._packed_nbytes(layer) for layer in self.layers}
@@ -226,27 +225,24 @@ class ExpertStore:
         # Every expert resident for good: in huge pages, as the dense weights (``arena.py``; the
         # synthetic MoE's resident step 12.28 -> 11.38 ms, 13 of 14 pairs). Not when the budget is
         # short of the model: faulting huge pages in could then mean compacting memory at its cap.
-        self._arena = Arena() if everything else None
-        try:
-            order = np.argsort(-self.heat, axis=None, kind="stable")
-            for flat in order.tolist():
-                row, e = divmod(flat, self.n_experts)
-                if self.heat[row, e] <= 0.0 and not everything:
-                    break
-                layer = self.layers[row]
-                size = self._nbytes[layer]
-                if room is not None and self._pinned_bytes + size > room:
-                    break
-                key = (layer, e)
-                weights = self._recent.pop(key, None)
-                if weights is None:
-                    weights = self._pack(*key)
-                else:
-                    self._recent_bytes -= size
-                self._pinned[key] = weights
-                self._pinned_bytes += size
-        finally:
-            self._arena = None
+        arena = Arena() if everything else None
+        order = np.argsort(-self.heat, axis=None, kind="stable")
+        for flat in order.tolist():
+            row, e = divmod(flat, self.n_experts)
+            if self.heat[row, e] <= 0.0 and not everything:
+                break
+            layer = self.layers[row]
+            size = self._nbytes[layer]
+            if room is not None and self._pinned_bytes + size > room:
+                break
+            key = (layer, e)
+            weights = self._recent.pop(key, None)
+            if weights is None:
+                weights = self._pack(*key, arena)
+            else:
+                self._recent_bytes -= size
+            self._pinned[key] = weights
+            self._pinned_bytes += size
         self._trim_recent()
         return len(self._pinned)
 
@@ -315,14 +311,16 @@ class ExpertStore:
         return (packed_nbytes(rows[:2], infos[0].shape[0], lanes=False)
                 + packed_nbytes(rows[2:], infos[2].shape[0], lanes=False))
 
-    def _pack(self, layer: int, expert: int) -> ExpertWeights:
+    def _pack(self, layer: int, expert: int, arena: Arena | None = None) -> ExpertWeights:
+        """Expert ``expert`` of ``layer`` from the file, its copies in ``arena`` if given (else
+        NumPy's heap)."""
         if not 0 <= expert < self.n_experts or layer not in self._tensors:
             raise KeyError(f"no expert {expert} in layer {layer}")
         gate, up, down = self._tensors[layer]
-        return ExpertWeights(gate_up=self._read_weight((gate, up), expert),
-                             down=self._read_weight((down,), expert))
+        return ExpertWeights(gate_up=self._read_weight((gate, up), expert, arena),
+                             down=self._read_weight((down,), expert, arena))
 
-    def _read_weight(self, names: tuple[str, ...], expert: int) -> Weight:
+    def _read_weight(self, names: tuple[str, ...], expert: int, arena: Arena | None) -> Weight:
         """One expert's rows of ``names`` stacked, read from the file by ``pread`` (its pages never
         enter this process's RSS). Formats computed in place are read straight into the resident
         copy: a miss is one read. The packed formats are read into a buffer that is reused, and
@@ -334,7 +332,7 @@ class ExpertStore:
             return make_weight(parts, n_cols, copy=True, lanes=False)
         sizes = [self._slice_bytes(name) for name in names]
         blocks = packed_kind(types, lanes=False) == KIND_BLOCKS
-        fresh = np.empty if self._arena is None else self._arena.empty
+        fresh = np.empty if arena is None else arena.empty
         buf = fresh(sum(sizes), np.uint8) if blocks else self._scratch(sum(sizes))
         parts, at = [], 0
         for name, size, t in zip(names, sizes, types, strict=True):
@@ -344,7 +342,7 @@ class ExpertStore:
             at += size
         if blocks:  # the buffer is the copy: its rows are the parts' rows, end to end
             return blocks_weight(buf, parts)
-        return make_weight(parts, n_cols, lanes=False, arena=self._arena)
+        return make_weight(parts, n_cols, lanes=False, arena=arena)
 
     def _mapped(self, name: str, expert: int) -> np.ndarray:
         """The raw rows of one expert of a 3-D tensor, a view of the mapping."""

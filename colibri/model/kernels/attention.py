@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from colibri.model.kernels.ops import exp_into
+from colibri.model.kernels.ops import exp_from_peak
 
 _JIT = dict(nogil=True, cache=True, fastmath=True, error_model="numpy")
 
@@ -37,16 +37,9 @@ def _softmax_rows(scores: np.ndarray, scale: np.float32, last: np.ndarray) -> No
     e = np.empty(scores.shape[1], np.float32)
     for i in range(scores.shape[0]):
         row, n = scores[i], last[i] + 1
-        best = np.float32(-np.inf)
         for p in range(n):
             row[p] *= scale
-            best = max(best, row[p])
-        for p in range(n):
-            row[p] -= best
-        exp_into(row[:n], e[:n])
-        total = np.float32(0.0)
-        for p in range(n):
-            total += e[p]
+        total = exp_from_peak(row[:n], e[:n])
         for p in range(n):
             row[p] = e[p] / total
         row[n:] = 0.0
@@ -83,20 +76,13 @@ def _attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position
     qh, oh = q[h * head_dim : (h + 1) * head_dim], out[h * head_dim : (h + 1) * head_dim]
     scale = np.float32(1.0 / np.sqrt(head_dim))
     scores, e = scratch[0, :n], scratch[1, :n]
-    best = np.float32(-np.inf)
     for p in range(n):
         key = keys[p, kh]
         acc = np.float32(0.0)
         for i in range(head_dim):
             acc += qh[i] * key[i]
         scores[p] = acc * scale
-        best = max(best, scores[p])
-    for p in range(n):
-        scores[p] -= best
-    exp_into(scores, e)
-    total = np.float32(0.0)
-    for p in range(n):
-        total += e[p]
+    total = exp_from_peak(scores, e)
     oh[:] = 0.0
     for p in range(n):
         weight, value = e[p] / total, values[p, kh]

@@ -110,6 +110,22 @@ def rope(
 
 
 @nb.njit(**_JIT)
+def exp_from_peak(x: np.ndarray, out: np.ndarray) -> np.float32:
+    """``out = exp(x - max(x))`` (``x`` is left shifted by its max) and the sum of ``out``: a
+    softmax's numerators and denominator. ``out`` must not overlap ``x``."""
+    peak = np.float32(-np.inf)
+    for i in range(x.shape[0]):
+        peak = max(peak, x[i])
+    for i in range(x.shape[0]):
+        x[i] -= peak
+    exp_into(x, out)
+    total = np.float32(0.0)
+    for i in range(out.shape[0]):
+        total += out[i]
+    return total
+
+
+@nb.njit(**_JIT)
 def swiglu(gate: np.ndarray, up: np.ndarray) -> None:
     """``gate = silu(gate) * up`` in place: ``g / (1 + exp(-g)) * u``."""
     t_rows, k = gate.shape
