@@ -229,3 +229,28 @@ def test_a_model_that_fits_is_pinned_in_huge_page_memory_and_a_short_budget_is_n
     heat[0, 0] = 1.0
     assert short.pin_hottest(heat) == 1
     assert not isinstance(_backing(short.get(short.layers[0], 0).gate_up.q), mmap.mmap)
+
+
+def test_a_resident_layer_is_one_stack_that_gives_every_expert_s_own_bits(moe_path: Path):
+    """Where every expert is resident, a layer's experts are one stacked matrix per weight (the
+    forward pass applies a token's top-k in one parallel region); each expert handed out is its
+    part of the stack, and a row's output is the same bits as through experts packed one by one
+    (budget 0), for decode and prompt rows mixed in a step, and for a decode row alone."""
+    whole = open_with_budget(moe_path, None).decoder
+    store = whole.experts
+    store.pin_hottest(None)
+    layer = store.layers[0]
+    pool = store.resident_layer(layer, 0)
+    assert pool is not None
+    assert pool.gate_up.n_rows == N_EXPERTS * store.get(layer, 0).gate_up.n_rows
+    for e in (0, 5, N_EXPERTS - 1):
+        one = store.get(layer, e)
+        assert np.shares_memory(one.gate_up.q, pool.gate_up.q) and np.shares_memory(one.down.q, pool.down.q)
+    alone = open_with_budget(moe_path, 0).decoder
+    assert alone.experts.resident_layer(layer, 0) is None
+    h = np.random.default_rng(3).standard_normal((9, 128)).astype(np.float32)
+    hits = store.counters().hits
+    stacked = whole.moe[layer](h, 4)
+    assert store.counters().hits > hits  # the stack's uses count as hits
+    assert np.array_equal(stacked, alone.moe[layer](h, 4))
+    assert np.array_equal(whole.moe[layer](h[:1], 1)[0], stacked[0])

@@ -36,7 +36,10 @@ import numpy as np
 from colibri.store.arena import Arena
 from colibri.store.gguf import GGUFError, GGUFFile
 from colibri.store.packed import (
+    GROUP,
     KIND_BLOCKS,
+    KIND_Q4,
+    KIND_Q8,
     SwiGLUWeights,
     Weight,
     blocks_weight,
@@ -64,6 +67,39 @@ _PAGE = mmap.PAGESIZE
 # One routed expert: gate rows then up rows (n_ff_exp * 2 rows of n_embd), and down (n_embd rows
 # of n_ff_exp), the same type as a dense layer's FFN.
 ExpertWeights = SwiGLUWeights
+
+
+class _Stacking:
+    """An allocator for ``make_weight`` that hands expert e the e-th part of each of a layer's
+    stacked arrays, so that the layer's experts are one matrix per kind of weight (``packed.slot``):
+    the forward pass applies all of a token's experts in one parallel region (``moe.apply_experts``)."""
+
+    def __init__(self, arena: Arena, n: int) -> None:
+        self.arena, self.n = arena, n
+        self.whole: list[np.ndarray] = []  # the stacked arrays, in the order make_weight asks
+        self.first: list[np.ndarray] = []  # expert 0's parts of them
+        self.slot = self.i = 0
+
+    def at(self, slot: int) -> _Stacking:
+        self.slot, self.i = slot, 0
+        return self
+
+    def empty(self, shape: tuple[int, ...], dtype: type | np.dtype) -> np.ndarray:
+        if self.i == len(self.whole):
+            self.whole.append(self.arena.empty((self.n * shape[0], *shape[1:]), dtype))
+        whole = self.whole[self.i]
+        self.i += 1
+        assert whole.shape[1:] == tuple(shape[1:]) and whole.dtype == dtype, "experts differ in shape"
+        part = whole[self.slot * shape[0] : (self.slot + 1) * shape[0]]
+        if self.slot == 0:
+            self.first.append(part)
+        return part
+
+    def stacked(self, w: Weight) -> Weight:
+        """Expert 0's weight ``w`` as the whole stack."""
+        fields = {name: self.whole[i] for name in ("q", "d", "m", "dh", "mh")
+                  for i, part in enumerate(self.first) if getattr(w, name) is part}
+        return w._replace(n_rows=w.n_rows * self.n, **fields)
 
 
 class StoreCounters(NamedTuple):
@@ -123,6 +159,7 @@ class ExpertStore:
         self.heat = np.zeros((len(self.layers), self.n_experts), np.float32)
         self._hits_map = np.zeros((len(self.layers), self.n_experts), np.bool_)
         self._pinned: dict[tuple[int, int], ExpertWeights] = {}
+        self._stacks: dict[int, ExpertWeights] = {}  # layer: every expert, stacked (``_Stacking``)
         self._recent: OrderedDict[tuple[int, int], ExpertWeights] = OrderedDict()
         self._pinned_bytes = self._recent_bytes = 0
         self._predictors: dict[int, Callable[[np.ndarray], np.ndarray]] = {}
@@ -161,6 +198,14 @@ class ExpertStore:
         self._missed_bytes += self._file_bytes[layer]
         self._keep_recent(key, weights)
         return weights
+
+    def resident_layer(self, layer: int, n_used: int) -> ExpertWeights | None:
+        """Every expert of ``layer`` stacked by expert (``packed.slot``), when the whole model is
+        resident in that form; counts ``n_used`` hits, the experts the caller applies from it."""
+        stack = self._stacks.get(layer)
+        if stack is not None:
+            self._hits += n_used
+        return stack
 
     def note_routing(self, layer: int, expert_ids: np.ndarray) -> None:
         """The distinct experts (ascending int64) this step routes to in ``layer``: heat and HITS."""
@@ -226,6 +271,11 @@ class ExpertStore:
         # synthetic MoE's resident step 12.28 -> 11.38 ms, 13 of 14 pairs). Not when the budget is
         # short of the model: faulting huge pages in could then mean compacting memory at its cap.
         arena = Arena() if everything else None
+        self._stacks.clear()
+        if everything:
+            for layer in self.layers:
+                if self._stackable(layer):
+                    self._stack(layer, arena)
         order = np.argsort(-self.heat, axis=None, kind="stable")
         for flat in order.tolist():
             row, e = divmod(flat, self.n_experts)
@@ -236,6 +286,8 @@ class ExpertStore:
             if room is not None and self._pinned_bytes + size > room:
                 break
             key = (layer, e)
+            if key in self._pinned:  # stacked above
+                continue
             weights = self._recent.pop(key, None)
             if weights is None:
                 weights = self._pack(*key, arena)
@@ -245,6 +297,24 @@ class ExpertStore:
             self._pinned_bytes += size
         self._trim_recent()
         return len(self._pinned)
+
+    def _stackable(self, layer: int) -> bool:
+        """Whether ``layer``'s experts pack to Q4 or Q8 in whole groups of rows (``packed.slot``)."""
+        infos = [self.gguf.tensors[name] for name in self._tensors[layer]]
+        kinds = {packed_kind([int(i.gtype) for i in infos[:2]], lanes=False),
+                 packed_kind([int(infos[2].gtype)], lanes=False)}
+        return kinds <= {KIND_Q4, KIND_Q8} and all(i.shape[1] % GROUP == 0 for i in infos)
+
+    def _stack(self, layer: int, arena: Arena) -> None:
+        """Pack every expert of ``layer`` into stacked arrays and pin each (its parts of them)."""
+        stacking = _Stacking(arena, self.n_experts)
+        for e in range(self.n_experts):
+            if self._recent.pop((layer, e), None) is not None:
+                self._recent_bytes -= self._nbytes[layer]
+            self._pinned[(layer, e)] = self._pack(layer, e, stacking.at(e))
+            self._pinned_bytes += self._nbytes[layer]
+        first = self._pinned[(layer, 0)]
+        self._stacks[layer] = ExpertWeights(stacking.stacked(first.gate_up), stacking.stacked(first.down))
 
     def all_nbytes(self) -> int:
         """Bytes of every expert's packed copy: what a budget must hold for the whole model."""
@@ -311,7 +381,7 @@ class ExpertStore:
         return (packed_nbytes(rows[:2], infos[0].shape[0], lanes=False)
                 + packed_nbytes(rows[2:], infos[2].shape[0], lanes=False))
 
-    def _pack(self, layer: int, expert: int, arena: Arena | None = None) -> ExpertWeights:
+    def _pack(self, layer: int, expert: int, arena: Arena | _Stacking | None = None) -> ExpertWeights:
         """Expert ``expert`` of ``layer`` from the file, its copies in ``arena`` if given (else
         NumPy's heap)."""
         if not 0 <= expert < self.n_experts or layer not in self._tensors:
@@ -320,7 +390,7 @@ class ExpertStore:
         return ExpertWeights(gate_up=self._read_weight((gate, up), expert, arena),
                              down=self._read_weight((down,), expert, arena))
 
-    def _read_weight(self, names: tuple[str, ...], expert: int, arena: Arena | None) -> Weight:
+    def _read_weight(self, names: tuple[str, ...], expert: int, arena: Arena | _Stacking | None) -> Weight:
         """One expert's rows of ``names`` stacked, read from the file by ``pread`` (its pages never
         enter this process's RSS). Formats computed in place are read straight into the resident
         copy: a miss is one read. The packed formats are read into a buffer that is reused, and

@@ -235,6 +235,19 @@ def blocks_weight(raw: np.ndarray, parts: list[tuple[np.ndarray, int]]) -> Weigh
 
 
 @nb.njit(inline="always", **JIT_OPTIONS)
+def slot(w: Weight, i: int, n_slots: int) -> Weight:
+    """Matrix ``i`` of ``n_slots`` of one shape stacked by groups, each filling whole groups (the
+    expert store's resident layer: every expert's packed rows, expert after expert). A weight is
+    its own slot 0 of 1, whatever its kind; a stack holds packed Q4 or Q8 only."""
+    g = w.q.shape[0] // n_slots
+    s = w.d.shape[0] // n_slots
+    h = w.dh.shape[0] // n_slots
+    return Weight(w.kind, w.n_rows // n_slots, w.q[i * g : (i + 1) * g], w.d[i * s : (i + 1) * s],
+                  w.m[i * s : (i + 1) * s], w.f, w.raw, w.parts, w.dh[i * h : (i + 1) * h],
+                  w.mh[i * h : (i + 1) * h])  # an empty array's slice is empty
+
+
+@nb.njit(inline="always", **JIT_OPTIONS)
 def block_row(w: Weight, r: int) -> tuple[int, int]:
     """(byte offset in ``w.raw``, block type) of row ``r`` of an in-place weight."""
     p = 0

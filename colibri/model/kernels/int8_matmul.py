@@ -43,7 +43,7 @@ from colibri.model.kernels.simd import (
     zeros_int,
 )
 from colibri.store.formats import BLOCK
-from colibri.store.packed import GROUP, JIT_OPTIONS, KIND_Q4, OFFSET_Q4, OFFSET_Q8, Weight
+from colibri.store.packed import GROUP, JIT_OPTIONS, KIND_Q4, OFFSET_Q4, OFFSET_Q8, Weight, slot
 
 _JIT = JIT_OPTIONS
 # Activation rows sharing one load of a weight vector: 4 rows keep 12 integer (a sum per level)
@@ -257,3 +257,40 @@ def int8_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     else:
         for g in nb.prange(w.q.shape[0]):
             _group(w, g, xq, dx, sx, out, w.d, w.m)
+
+
+@nb.njit(parallel=True, **_JIT)
+def quantize_rows(x: np.ndarray, per: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``quantize_row`` of every row of ``x``: (xq, dx, sx), as ``int8_matmul`` makes them."""
+    t_rows, k = x.shape
+    n_blocks = k // per
+    xq = np.empty((t_rows, LEVELS, k), np.int8)
+    dx = np.empty((t_rows, LEVELS, n_blocks), np.float32)
+    sx = np.empty((t_rows, LEVELS, n_blocks), np.int32)
+    if t_rows == 1:  # no parallel region for one row
+        quantize_row(x[0], per, xq[0], dx[0], sx[0])
+    else:
+        for t in nb.prange(t_rows):
+            quantize_row(x[t], per, xq[t], dx[t], sx[t])
+    return xq, dx, sx
+
+
+@nb.njit(parallel=True, **_JIT)
+def int8_matmul_slots(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, w: Weight, n_slots: int,
+                      slots: np.ndarray, starts: np.ndarray, out: np.ndarray) -> None:
+    """``out[a:b] = x[a:b] @ slot(w, slots[i]).T`` for ``a, b = starts[i], starts[i + 1]``, the
+    rows ``x`` given quantized (``quantize_rows``): a step's experts, each on the rows routed to
+    it, in one parallel region whose work item is a group of one expert's rows. Expert by expert,
+    a decode token's top-k made 2k regions a layer, each a barrier of two threads over a ~1 MB
+    matrix. A row's result is ``int8_matmul``'s steps, whatever the other rows and experts."""
+    n_groups = w.q.shape[0] // n_slots
+    for item in nb.prange(slots.shape[0] * n_groups):
+        i = item // n_groups
+        g = item - i * n_groups
+        a, b = starts[i], starts[i + 1]
+        if b > a:
+            v = slot(w, slots[i], n_slots)
+            if v.dh.size:
+                _group(v, g, xq[a:b], dx[a:b], sx[a:b], out[a:b], v.dh, v.mh)
+            else:
+                _group(v, g, xq[a:b], dx[a:b], sx[a:b], out[a:b], v.d, v.m)

@@ -28,13 +28,16 @@ import numba as nb
 import numpy as np
 
 from colibri.model.hparams import HParams
-from colibri.model.kernels.ops import add_into
+from colibri.model.kernels.int8_matmul import int8_matmul_slots, quantize_rows
+from colibri.model.kernels.ops import add_into, swiglu
 from colibri.model.network.layers import FFN, load_ffn, swiglu_ffn
 from colibri.model.network.weights import load_matrix, optional_vector
 from colibri.store.experts import ExpertStore, ExpertWeights
 from colibri.store.gguf import GGUFError, GGUFFile
+from colibri.store.packed import KIND_Q4, KIND_Q8, slot
 
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
+_SLOT_0 = np.zeros(1, np.int64)  # an expert handed out alone is slot 0 of a pool of one
 
 _JIT = dict(nogil=True, cache=True)
 _JIT_FAST = dict(nogil=True, cache=True, fastmath=True)
@@ -197,23 +200,70 @@ def by_expert(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, n
 
 
 @nb.njit(**_JIT)
-def apply_expert(
-    h: np.ndarray, rows: np.ndarray, ranks: np.ndarray, n_direct: int, w: ExpertWeights,
-    out: np.ndarray,
+def _gather(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``x[rows]`` (numba's fancy indexing makes no contiguous copy of several dimensions)."""
+    out = np.empty((rows.shape[0], *x.shape[1:]), x.dtype)
+    for j in range(rows.shape[0]):
+        out[j] = x[rows[j]]
+    return out
+
+
+@nb.njit(**_JIT)
+def apply_experts(
+    h: np.ndarray, n_direct: int, pool: ExpertWeights, n_slots: int, slots: np.ndarray,
+    starts: np.ndarray, rows: np.ndarray, ranks: np.ndarray, out: np.ndarray,
 ) -> None:
-    """One expert on the rows routed to it: ``out[rows[j], ranks[j]] = expert(h[rows[j]])``.
-    Rows below ``n_direct`` (decode rows) take the direct matmul path, as in the whole step."""
-    n = rows.shape[0]
-    sub = np.empty((n, h.shape[1]), np.float32)
-    sub_direct = 0
-    for j in range(n):
-        sub[j] = h[rows[j]]
-        if rows[j] < n_direct:
-            sub_direct += 1
-    y = np.empty((n, out.shape[2]), np.float32)
-    swiglu_ffn(sub, w.gate_up, w.down, sub_direct, y)
-    for j in range(n):
-        out[rows[j], ranks[j]] = y[j]
+    """Expert i, slot ``slots[i]`` of the ``n_slots`` stacked in ``pool`` (``packed.slot``; an
+    expert alone is slot 0 of 1), on its rows: ``out[rows[j], ranks[j]] = expert_i(h[rows[j]])``
+    for j in ``starts[i]:starts[i + 1]`` (rows ascending, so decode rows, those below
+    ``n_direct``, come first). Packed Q4/Q8 experts take their decode rows all at once, one
+    parallel region per matrix for every expert (``int8_matmul_slots``); prompt rows, and the
+    other kinds, expert by expert through ``swiglu_ffn``, as in a dense layer."""
+    n_exp = slots.shape[0]
+    int8 = pool.gate_up.kind in (KIND_Q4, KIND_Q8) and pool.down.kind in (KIND_Q4, KIND_Q8)
+    # d_starts: each expert's decode pairs, numbered from 0; d_rows: their rows.
+    d_starts = np.zeros(n_exp + 1, np.int64)
+    for i in range(n_exp):
+        n = 0
+        for j in range(starts[i], starts[i + 1]):
+            if rows[j] < n_direct:
+                n += 1
+        d_starts[i + 1] = d_starts[i] + (n if int8 else 0)
+    n_pairs = d_starts[n_exp]
+    if n_pairs > 0:
+        d_rows = np.empty(n_pairs, np.int64)
+        d_ranks = np.empty(n_pairs, np.int64)
+        for i in range(n_exp):
+            for j in range(d_starts[i + 1] - d_starts[i]):
+                d_rows[d_starts[i] + j], d_ranks[d_starts[i] + j] = rows[starts[i] + j], ranks[starts[i] + j]
+        up, down = pool.gate_up, pool.down
+        n_ff = up.n_rows // n_slots // 2
+        xq, dx, sx = quantize_rows(h[:n_direct], h.shape[1] // up.q.shape[1])
+        gu = np.empty((n_pairs, 2 * n_ff), np.float32)
+        int8_matmul_slots(_gather(xq, d_rows), _gather(dx, d_rows), _gather(sx, d_rows), up, n_slots,
+                          slots, d_starts, gu)
+        gate = np.ascontiguousarray(gu[:, :n_ff])
+        swiglu(gate, gu[:, n_ff:])
+        xq, dx, sx = quantize_rows(gate, n_ff // down.q.shape[1])
+        y = np.empty((n_pairs, out.shape[2]), np.float32)
+        int8_matmul_slots(xq, dx, sx, down, n_slots, slots, d_starts, y)
+        for j in range(n_pairs):
+            out[d_rows[j], d_ranks[j]] = y[j]
+    for i in range(n_exp):
+        a = starts[i] + d_starts[i + 1] - d_starts[i]  # the pairs left: prompt rows, or every row
+        b = starts[i + 1]
+        if b == a:
+            continue
+        sub = _gather(h, rows[a:b])
+        sub_direct = 0
+        for j in range(a, b):
+            if rows[j] < n_direct:
+                sub_direct += 1
+        w = slot(pool.gate_up, slots[i], n_slots), slot(pool.down, slots[i], n_slots)
+        y = np.empty((b - a, out.shape[2]), np.float32)
+        swiglu_ffn(sub, w[0], w[1], sub_direct, y)
+        for j in range(a, b):
+            out[rows[j], ranks[j]] = y[j - a]
 
 
 @nb.njit(**_JIT)
@@ -278,12 +328,17 @@ class MoEFFN:
         self.store.note_routing(self.layer, experts)
         self.store.prefetch_next(self.layer, h)  # the next MoE layer's likely experts, read ahead
         expert_out = np.empty((t_rows, k, h.shape[1]), np.float32)
-        for i, e in enumerate(experts.tolist()):
-            a, b = starts[i], starts[i + 1]
-            weights_e = self.store.get(self.layer, e)
+        pool = self.store.resident_layer(self.layer, len(experts))
+        if pool is not None:  # every expert resident and stacked: one call for all of them
             start = time.perf_counter()
-            apply_expert(h, rows[a:b], ranks[a:b], n_direct, weights_e, expert_out)
+            apply_experts(h, n_direct, pool, self.store.n_experts, experts, starts, rows, ranks, expert_out)
             self.store.note_compute(time.perf_counter() - start)
+        else:
+            for i, e in enumerate(experts.tolist()):
+                weights_e = self.store.get(self.layer, e)
+                start = time.perf_counter()
+                apply_experts(h, n_direct, weights_e, 1, _SLOT_0, starts[i : i + 2], rows, ranks, expert_out)
+                self.store.note_compute(time.perf_counter() - start)
         out = np.empty_like(h)
         combine(expert_out, weights, out)
         if self.shared is not None:
