@@ -240,17 +240,20 @@ def test_a_resident_layer_is_one_stack_that_gives_every_expert_s_own_bits(moe_pa
     store = whole.experts
     store.pin_hottest(None)
     layer = store.layers[0]
-    pool = store.resident_layer(layer, 0)
-    assert pool is not None
+    resident = store.resident_layer(layer)
+    assert resident is not None
+    pool = resident.pool
     assert pool.gate_up.n_rows == N_EXPERTS * store.get(layer, 0).gate_up.n_rows
     for e in (0, 5, N_EXPERTS - 1):
         one = store.get(layer, e)
         assert np.shares_memory(one.gate_up.q, pool.gate_up.q) and np.shares_memory(one.down.q, pool.down.q)
     alone = open_with_budget(moe_path, 0).decoder
-    assert alone.experts.resident_layer(layer, 0) is None
+    assert alone.experts.resident_layer(layer) is None
     h = np.random.default_rng(3).standard_normal((9, 128)).astype(np.float32)
-    hits = store.counters().hits
+    hits, heat = store.counters().hits, resident.heat.copy()
     stacked = whole.moe[layer](h, 4)
-    assert store.counters().hits > hits  # the stack's uses count as hits
+    assert store.counters().hits > hits  # the stack's uses count as hits, and heat the layer's row
+    assert (resident.heat > heat).any() and np.array_equal(np.nonzero(resident.heat > heat)[0],
+                                                             np.nonzero(resident.hits)[0])
     assert np.array_equal(stacked, alone.moe[layer](h, 4))
     assert np.array_equal(whole.moe[layer](h[:1], 1)[0], stacked[0])

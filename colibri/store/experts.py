@@ -69,6 +69,14 @@ _PAGE = mmap.PAGESIZE
 ExpertWeights = SwiGLUWeights
 
 
+class ResidentLayer(NamedTuple):
+    """A layer whose experts are all resident, as the compiled forward pass takes it."""
+
+    pool: ExpertWeights  # every expert, stacked by expert (``packed.slot``)
+    heat: np.ndarray  # float32 [n_experts]: the layer's row of ``ExpertStore.heat``
+    hits: np.ndarray  # bool [n_experts]: its HITS bits
+
+
 class _Stacking:
     """An allocator for ``make_weight`` that hands expert e the e-th part of each of a layer's
     stacked arrays, so that the layer's experts are one matrix per kind of weight (``packed.slot``):
@@ -113,7 +121,7 @@ class StoreCounters(NamedTuple):
 
 
 @nb.njit(nogil=True, cache=True)
-def _note_routing(heat: np.ndarray, hits: np.ndarray, expert_ids: np.ndarray, decay: np.float32) -> None:
+def note_routing(heat: np.ndarray, hits: np.ndarray, expert_ids: np.ndarray, decay: np.float32) -> None:
     """A layer's heat decayed a step, its routed experts' heat +1 and their HITS bits set: one
     compiled call a layer, where three NumPy operations on 64 values took ~22 us."""
     for e in range(heat.shape[0]):
@@ -199,19 +207,27 @@ class ExpertStore:
         self._keep_recent(key, weights)
         return weights
 
-    def resident_layer(self, layer: int, n_used: int) -> ExpertWeights | None:
-        """Every expert of ``layer`` stacked by expert (``packed.slot``), when the whole model is
-        resident in that form; counts ``n_used`` hits, the experts the caller applies from it."""
+    def resident_layer(self, layer: int) -> ResidentLayer | None:
+        """Every expert of ``layer`` stacked by expert (``packed.slot``) with the layer's heat and
+        HITS rows, when the whole model is resident in that form: the forward pass then routes,
+        applies and accounts a layer in one compiled call (``moe.resident_ffn``), and reports the
+        experts it used with ``note_resident_use``."""
         stack = self._stacks.get(layer)
-        if stack is not None:
-            self._hits += n_used
-        return stack
+        if stack is None:
+            return None
+        row = self._row_of[layer]
+        return ResidentLayer(stack, self.heat[row], self._hits_map[row])
+
+    def note_resident_use(self, n_used: int) -> None:
+        """``n_used`` experts applied from a resident layer (their heat and HITS already noted)."""
+        self._hits += n_used
+        self._step_uses += n_used
 
     def note_routing(self, layer: int, expert_ids: np.ndarray) -> None:
         """The distinct experts (ascending int64) this step routes to in ``layer``: heat and HITS."""
         row = self._row_of[layer]
         self._step_uses += len(expert_ids)
-        _note_routing(self.heat[row], self._hits_map[row], expert_ids, np.float32(HEAT_DECAY))
+        note_routing(self.heat[row], self._hits_map[row], expert_ids, np.float32(HEAT_DECAY))
 
     def step_done(self, seconds: float, decode: bool) -> None:
         """A forward step ended, ``seconds`` after it began; ``decode``: all its rows were decode

@@ -105,6 +105,9 @@ _EMPTY_PARTS = np.zeros((0, 4), np.int64)
 # stay a homogeneous tuple whichever kinds they hold.
 _EMPTY_RAW = np.zeros(0, np.uint8)
 _EMPTY_RAW.setflags(write=False)
+# No matrix (a layer without a shared expert), typed as every other weight.
+EMPTY_WEIGHT = Weight(KIND_F32, 0, _EMPTY_Q, _EMPTY_S, _EMPTY_S, _EMPTY_F, _EMPTY_RAW, _EMPTY_PARTS, _EMPTY_H,
+                      _EMPTY_H)
 
 
 def packed_kind(types: list[int], lanes: bool = True) -> int:

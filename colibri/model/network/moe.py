@@ -32,12 +32,14 @@ from colibri.model.kernels.int8_matmul import int8_matmul_slots, quantize_rows
 from colibri.model.kernels.ops import add_into, swiglu
 from colibri.model.network.layers import FFN, load_ffn, swiglu_ffn
 from colibri.model.network.weights import load_matrix, optional_vector
-from colibri.store.experts import ExpertStore, ExpertWeights
+from colibri.store.experts import HEAT_DECAY, ExpertStore, ExpertWeights, note_routing
 from colibri.store.gguf import GGUFError, GGUFFile
-from colibri.store.packed import KIND_Q4, KIND_Q8, slot
+from colibri.store.packed import EMPTY_WEIGHT, KIND_Q4, KIND_Q8, slot
 
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
 _SLOT_0 = np.zeros(1, np.int64)  # an expert handed out alone is slot 0 of a pool of one
+_NO_SHARED = FFN(EMPTY_WEIGHT, EMPTY_WEIGHT)
+_DECAY = np.float32(HEAT_DECAY)
 
 _JIT = dict(nogil=True, cache=True)
 _JIT_FAST = dict(nogil=True, cache=True, fastmath=True)
@@ -72,14 +74,18 @@ def routing(hp: HParams, gating: int, norm: bool) -> Routing:
 
 @nb.njit(parallel=True, **_JIT_FAST)
 def router_logits(h: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    """``out[t, e] = w[e] · h[t]``, each row on its own (no BLAS: a row's logits do not depend on
-    how many rows the step has)."""
-    for t in nb.prange(h.shape[0]):
-        for e in range(w.shape[0]):
-            acc = np.float32(0.0)
-            for i in range(w.shape[1]):
-                acc += w[e, i] * h[t, i]
-            out[t, e] = acc
+    """``out[t, e] = w[e] · h[t]``, each logit on its own (no BLAS: a row's logits do not depend
+    on how many rows the step has). A work item is one logit, so that a decode token's router is
+    read by both threads, not one."""
+    n_exp = w.shape[0]
+    for item in nb.prange(h.shape[0] * n_exp):
+        t = item // n_exp
+        e = item - t * n_exp
+        we, ht = w[e], h[t]
+        acc = np.float32(0.0)
+        for i in range(w.shape[1]):
+            acc += we[i] * ht[i]
+        out[t, e] = acc
 
 
 @nb.njit(**_JIT)
@@ -295,6 +301,31 @@ def add_shared_expert(h: np.ndarray, f: FFN, gate: np.ndarray, n_direct: int, ou
     add_into(out, y)
 
 
+@nb.njit(**_JIT)
+def resident_ffn(
+    h: np.ndarray, n_direct: int, router: np.ndarray, bias: np.ndarray, rule: Routing,
+    pool: ExpertWeights, shared: FFN, shared_gate: np.ndarray, heat: np.ndarray, hits: np.ndarray,
+    decay: np.float32, out: np.ndarray,
+) -> int:
+    """A MoE layer's whole FFN when its experts are resident and stacked (``ExpertStore.
+    resident_layer``), in one compiled call: routing, the heat and HITS of the experts used,
+    the experts, their sum and the shared expert (none: ``_NO_SHARED``). Returns how many distinct
+    experts it applied. Between parallel regions there is no Python: OpenMP's threads spin
+    through the gaps instead of falling asleep and waiting on a wake-up (docs/performance.md)."""
+    t_rows, k = h.shape[0], rule.k
+    ids = np.empty((t_rows, k), np.int64)
+    weights = np.empty((t_rows, k), np.float32)
+    route_rows(h, router, bias, rule, ids, weights)
+    experts, starts, rows, ranks = by_expert(ids, router.shape[0])
+    note_routing(heat, hits, experts, decay)
+    expert_out = np.empty((t_rows, k, h.shape[1]), np.float32)
+    apply_experts(h, n_direct, pool, router.shape[0], experts, starts, rows, ranks, expert_out)
+    combine(expert_out, weights, out)
+    if shared.down.n_rows > 0:
+        add_shared_expert(h, shared, shared_gate, n_direct, out)
+    return experts.shape[0]
+
+
 class MoEFFN:
     """A layer's expert feed-forward: router, routing rule, the experts (through the store) and
     the optional shared expert. ``__call__`` is the whole FFN of a MoE layer."""
@@ -322,24 +353,27 @@ class MoEFFN:
 
     def __call__(self, h: np.ndarray, n_direct: int) -> np.ndarray:
         """The FFN output for every row of ``h`` (the normed hidden state)."""
+        out = np.empty_like(h)
+        resident = self.store.resident_layer(self.layer)
+        if resident is not None:
+            start = time.perf_counter()
+            used = resident_ffn(h, n_direct, self.router, self.bias, self.rule, resident.pool,
+                                self.shared or _NO_SHARED, self.shared_gate, resident.heat, resident.hits,
+                                _DECAY, out)
+            self.store.note_compute(time.perf_counter() - start)
+            self.store.note_resident_use(used)
+            return out
         t_rows, k = h.shape[0], self.rule.k
         ids, weights = self.select(h)
         experts, starts, rows, ranks = by_expert(ids, self.router.shape[0])
         self.store.note_routing(self.layer, experts)
         self.store.prefetch_next(self.layer, h)  # the next MoE layer's likely experts, read ahead
         expert_out = np.empty((t_rows, k, h.shape[1]), np.float32)
-        pool = self.store.resident_layer(self.layer, len(experts))
-        if pool is not None:  # every expert resident and stacked: one call for all of them
+        for i, e in enumerate(experts.tolist()):
+            weights_e = self.store.get(self.layer, e)
             start = time.perf_counter()
-            apply_experts(h, n_direct, pool, self.store.n_experts, experts, starts, rows, ranks, expert_out)
+            apply_experts(h, n_direct, weights_e, 1, _SLOT_0, starts[i : i + 2], rows, ranks, expert_out)
             self.store.note_compute(time.perf_counter() - start)
-        else:
-            for i, e in enumerate(experts.tolist()):
-                weights_e = self.store.get(self.layer, e)
-                start = time.perf_counter()
-                apply_experts(h, n_direct, weights_e, 1, _SLOT_0, starts[i : i + 2], rows, ranks, expert_out)
-                self.store.note_compute(time.perf_counter() - start)
-        out = np.empty_like(h)
         combine(expert_out, weights, out)
         if self.shared is not None:
             add_shared_expert(h, self.shared, self.shared_gate, n_direct, out)
