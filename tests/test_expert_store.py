@@ -257,3 +257,14 @@ def test_a_resident_layer_is_one_stack_that_gives_every_expert_s_own_bits(moe_pa
                                                              np.nonzero(resident.hits)[0])
     assert np.array_equal(stacked, alone.moe[layer](h, 4))
     assert np.array_equal(whole.moe[layer](h[:1], 1)[0], stacked[0])
+
+
+def test_mapped_reads_are_never_stacked_and_give_the_same_tokens(moe_path: Path):
+    """The mmap baseline's copies come from the mapping, outside the stacking allocator: a model
+    read that way is pinned expert by expert, never as a stack."""
+    mapped = open_with_budget(moe_path, None)
+    store = mapped.decoder.experts
+    store.mapped_reads = True
+    store.pin_hottest(None)
+    assert store.resident_layer(store.layers[0]) is None
+    assert greedy(mapped) == greedy(open_with_budget(moe_path, 0))

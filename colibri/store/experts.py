@@ -107,6 +107,8 @@ class _Stacking:
         """Expert 0's weight ``w`` as the whole stack."""
         fields = {name: self.whole[i] for name in ("q", "d", "m", "dh", "mh")
                   for i, part in enumerate(self.first) if getattr(w, name) is part}
+        if any(getattr(w, name).size and name not in fields for name in ("q", "d", "m", "dh", "mh")):
+            raise AssertionError("a packed array was not allocated from the stack")
         return w._replace(n_rows=w.n_rows * self.n, **fields)
 
 
@@ -117,7 +119,7 @@ class StoreCounters(NamedTuple):
     misses: int  # get() that read the file
     missed_bytes: int  # file bytes those misses read
     t_disk: float  # seconds reading and packing misses
-    t_compute: float  # seconds in the experts' matmuls
+    t_compute: float  # seconds applying experts (a resident layer: its whole compiled FFN)
 
 
 @nb.njit(nogil=True, cache=True)
@@ -288,7 +290,7 @@ class ExpertStore:
         # short of the model: faulting huge pages in could then mean compacting memory at its cap.
         arena = Arena() if everything else None
         self._stacks.clear()
-        if everything:
+        if everything and not self.mapped_reads:  # (mapped reads copy outside any allocator)
             for layer in self.layers:
                 if self._stackable(layer):
                     self._stack(layer, arena)

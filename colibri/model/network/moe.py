@@ -227,36 +227,63 @@ def apply_experts(
     other kinds, expert by expert through ``swiglu_ffn``, as in a dense layer."""
     n_exp = slots.shape[0]
     int8 = pool.gate_up.kind in (KIND_Q4, KIND_Q8) and pool.down.kind in (KIND_Q4, KIND_Q8)
-    # d_starts: each expert's decode pairs, numbered from 0; d_rows: their rows.
-    d_starts = np.zeros(n_exp + 1, np.int64)
+    n_dec = np.zeros(n_exp, np.int64)  # each expert's decode pairs (0 where not int8)
     for i in range(n_exp):
-        n = 0
         for j in range(starts[i], starts[i + 1]):
-            if rows[j] < n_direct:
-                n += 1
-        d_starts[i + 1] = d_starts[i] + (n if int8 else 0)
-    n_pairs = d_starts[n_exp]
+            if int8 and rows[j] < n_direct:
+                n_dec[i] += 1
+    # The experts with decode pairs, their slots and pairs numbered from 0 (``d_starts``): only
+    # they are work items of the parallel regions, so that the threads split real work evenly.
+    n_d = 0
+    for i in range(n_exp):
+        n_d += n_dec[i] > 0
+    d_slots = np.empty(n_d, np.int64)
+    d_starts = np.zeros(n_d + 1, np.int64)
+    n_pairs, x = 0, 0
+    for i in range(n_exp):
+        if n_dec[i] > 0:
+            d_slots[x] = slots[i]
+            n_pairs += n_dec[i]
+            d_starts[x + 1] = n_pairs
+            x += 1
     if n_pairs > 0:
         d_rows = np.empty(n_pairs, np.int64)
         d_ranks = np.empty(n_pairs, np.int64)
+        at = 0
         for i in range(n_exp):
-            for j in range(d_starts[i + 1] - d_starts[i]):
-                d_rows[d_starts[i] + j], d_ranks[d_starts[i] + j] = rows[starts[i] + j], ranks[starts[i] + j]
+            for j in range(starts[i], starts[i] + n_dec[i]):
+                d_rows[at], d_ranks[at] = rows[j], ranks[j]
+                at += 1
+        # Each distinct row quantized once (a row's quants depend on the row alone), then a copy
+        # per pair: not every decode row of the step, when the expert is applied alone.
+        unique = np.full(n_direct, -1, np.int64)
+        n_u = 0
+        for j in range(n_pairs):
+            if unique[d_rows[j]] < 0:
+                unique[d_rows[j]] = n_u
+                n_u += 1
+        u_rows = np.empty(n_u, np.int64)
+        for r in range(n_direct):
+            if unique[r] >= 0:
+                u_rows[unique[r]] = r
+        pair_u = np.empty(n_pairs, np.int64)
+        for j in range(n_pairs):
+            pair_u[j] = unique[d_rows[j]]
         up, down = pool.gate_up, pool.down
         n_ff = up.n_rows // n_slots // 2
-        xq, dx, sx = quantize_rows(h[:n_direct], h.shape[1] // up.q.shape[1])
+        xq, dx, sx = quantize_rows(_gather(h, u_rows), h.shape[1] // up.q.shape[1])
         gu = np.empty((n_pairs, 2 * n_ff), np.float32)
-        int8_matmul_slots(_gather(xq, d_rows), _gather(dx, d_rows), _gather(sx, d_rows), up, n_slots,
-                          slots, d_starts, gu)
+        int8_matmul_slots(_gather(xq, pair_u), _gather(dx, pair_u), _gather(sx, pair_u), up, n_slots,
+                          d_slots, d_starts, gu)
         gate = np.ascontiguousarray(gu[:, :n_ff])
         swiglu(gate, gu[:, n_ff:])
         xq, dx, sx = quantize_rows(gate, n_ff // down.q.shape[1])
         y = np.empty((n_pairs, out.shape[2]), np.float32)
-        int8_matmul_slots(xq, dx, sx, down, n_slots, slots, d_starts, y)
+        int8_matmul_slots(xq, dx, sx, down, n_slots, d_slots, d_starts, y)
         for j in range(n_pairs):
             out[d_rows[j], d_ranks[j]] = y[j]
     for i in range(n_exp):
-        a = starts[i] + d_starts[i + 1] - d_starts[i]  # the pairs left: prompt rows, or every row
+        a = starts[i] + n_dec[i]  # the pairs left: prompt rows, or every row
         b = starts[i + 1]
         if b == a:
             continue
