@@ -118,3 +118,19 @@ def test_the_same_tokens_whatever_the_expert_budget(kquant_file):
         return out
 
     assert tokens(None) == tokens(0) == tokens(1 << 20)
+
+
+def test_resident_k_quant_experts_are_stacked_and_give_the_per_expert_bits(kquant_file):
+    """A model that fits keeps each layer's in-place Q4_K/Q6_K experts as one stack per matrix
+    (``ExpertStore.resident_layer``), its FFN one compiled call; a row's output is the same bits as
+    through experts read one by one (budget 0), decode and prompt rows mixed in a step."""
+    whole = Model(kquant_file)
+    store = whole.decoder.experts
+    store.pin_hottest(None)
+    alone = Model(kquant_file, ram_budget=0)
+    h = np.random.default_rng(5).standard_normal((7, whole.decoder.hp.n_embd)).astype(np.float32)
+    for layer in store.layers:
+        resident = store.resident_layer(layer)
+        assert resident is not None and not resident.pool.down.raw.flags.writeable
+        assert np.shares_memory(store.get(layer, 1).down.raw, resident.pool.down.raw)
+        assert np.array_equal(whole.decoder.moe[layer](h, 3), alone.decoder.moe[layer](h, 3))

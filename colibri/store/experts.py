@@ -92,12 +92,13 @@ class _Stacking:
         self.slot, self.i = slot, 0
         return self
 
-    def empty(self, shape: tuple[int, ...], dtype: type | np.dtype) -> np.ndarray:
+    def empty(self, shape: int | tuple[int, ...], dtype: type | np.dtype) -> np.ndarray:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
         if self.i == len(self.whole):
             self.whole.append(self.arena.empty((self.n * shape[0], *shape[1:]), dtype))
         whole = self.whole[self.i]
         self.i += 1
-        assert whole.shape[1:] == tuple(shape[1:]) and whole.dtype == dtype, "experts differ in shape"
+        assert whole.shape[1:] == shape[1:] and whole.dtype == dtype, "experts differ in shape"
         part = whole[self.slot * shape[0] : (self.slot + 1) * shape[0]]
         if self.slot == 0:
             self.first.append(part)
@@ -105,10 +106,13 @@ class _Stacking:
 
     def stacked(self, w: Weight) -> Weight:
         """Expert 0's weight ``w`` as the whole stack."""
-        fields = {name: self.whole[i] for name in ("q", "d", "m", "dh", "mh")
+        names = ("q", "d", "m", "dh", "mh", "raw")
+        fields = {name: self.whole[i] for name in names
                   for i, part in enumerate(self.first) if getattr(w, name) is part}
-        if any(getattr(w, name).size and name not in fields for name in ("q", "d", "m", "dh", "mh")):
+        if any(getattr(w, name).size and name not in fields for name in names):
             raise AssertionError("a packed array was not allocated from the stack")
+        if "raw" in fields:  # in-place blocks are read-only, as the file's mapping (one numba type)
+            fields["raw"].setflags(write=False)
         return w._replace(n_rows=w.n_rows * self.n, **fields)
 
 
@@ -317,11 +321,13 @@ class ExpertStore:
         return len(self._pinned)
 
     def _stackable(self, layer: int) -> bool:
-        """Whether ``layer``'s experts pack to Q4 or Q8 in whole groups of rows (``packed.slot``)."""
+        """Whether ``layer``'s experts can be stacked (``packed.slot``): packed Q4 or Q8 in whole
+        groups of rows, or the file's blocks in place (float32 copies are not)."""
         infos = [self.gguf.tensors[name] for name in self._tensors[layer]]
         kinds = {packed_kind([int(i.gtype) for i in infos[:2]], lanes=False),
                  packed_kind([int(infos[2].gtype)], lanes=False)}
-        return kinds <= {KIND_Q4, KIND_Q8} and all(i.shape[1] % GROUP == 0 for i in infos)
+        whole_groups = all(i.shape[1] % GROUP == 0 for i in infos)
+        return kinds <= {KIND_BLOCKS} or (kinds <= {KIND_Q4, KIND_Q8, KIND_BLOCKS} and whole_groups)
 
     def _stack(self, layer: int, arena: Arena) -> None:
         """Pack every expert of ``layer`` into stacked arrays and pin each (its parts of them)."""

@@ -239,15 +239,17 @@ def blocks_weight(raw: np.ndarray, parts: list[tuple[np.ndarray, int]]) -> Weigh
 
 @nb.njit(inline="always", **JIT_OPTIONS)
 def slot(w: Weight, i: int, n_slots: int) -> Weight:
-    """Matrix ``i`` of ``n_slots`` of one shape stacked by groups, each filling whole groups (the
-    expert store's resident layer: every expert's packed rows, expert after expert). A weight is
-    its own slot 0 of 1, whatever its kind; a stack holds packed Q4 or Q8 only."""
+    """Matrix ``i`` of ``n_slots`` of one shape stacked end to end (the expert store's resident
+    layer: every expert's copy, expert after expert): packed Q4/Q8 by groups, each matrix filling
+    whole groups; in-place blocks by bytes, every matrix with the same part table. A weight is its
+    own slot 0 of 1, whatever its kind; float32 weights are never stacked."""
     g = w.q.shape[0] // n_slots
     s = w.d.shape[0] // n_slots
     h = w.dh.shape[0] // n_slots
+    b = w.raw.shape[0] // n_slots
     return Weight(w.kind, w.n_rows // n_slots, w.q[i * g : (i + 1) * g], w.d[i * s : (i + 1) * s],
-                  w.m[i * s : (i + 1) * s], w.f, w.raw, w.parts, w.dh[i * h : (i + 1) * h],
-                  w.mh[i * h : (i + 1) * h])  # an empty array's slice is empty
+                  w.m[i * s : (i + 1) * s], w.f, w.raw[i * b : (i + 1) * b], w.parts,
+                  w.dh[i * h : (i + 1) * h], w.mh[i * h : (i + 1) * h])  # an empty array's slice is empty
 
 
 @nb.njit(inline="always", **JIT_OPTIONS)
