@@ -215,6 +215,47 @@ def _gather(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 @nb.njit(**_JIT)
+def _decode_items(slots: np.ndarray, n_dec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The experts with decode pairs (``n_dec[i] > 0``): their slots, and their pairs numbered
+    from 0 (``d_starts``). Only they are the parallel regions' work items, so that the threads
+    split real work evenly."""
+    n_d = 0
+    for i in range(slots.shape[0]):
+        n_d += n_dec[i] > 0
+    d_slots = np.empty(n_d, np.int64)
+    d_starts = np.zeros(n_d + 1, np.int64)
+    x = 0
+    for i in range(slots.shape[0]):
+        if n_dec[i] > 0:
+            d_slots[x] = slots[i]
+            d_starts[x + 1] = d_starts[x] + n_dec[i]
+            x += 1
+    return d_slots, d_starts
+
+
+@nb.njit(**_JIT)
+def _quantized_pairs(h: np.ndarray, d_rows: np.ndarray, n_direct: int,
+                     per: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``quantize_rows(h[d_rows])``: each distinct row quantized once (a row's quants depend on the
+    row alone), then copied per pair; an expert applied alone quantizes its own rows only."""
+    unique = np.full(n_direct, -1, np.int64)
+    n_u = 0
+    for j in range(d_rows.shape[0]):
+        if unique[d_rows[j]] < 0:
+            unique[d_rows[j]] = n_u
+            n_u += 1
+    u_rows = np.empty(n_u, np.int64)
+    for r in range(n_direct):
+        if unique[r] >= 0:
+            u_rows[unique[r]] = r
+    pair_u = np.empty(d_rows.shape[0], np.int64)
+    for j in range(d_rows.shape[0]):
+        pair_u[j] = unique[d_rows[j]]
+    xq, dx, sx = quantize_rows(_gather(h, u_rows), per)
+    return _gather(xq, pair_u), _gather(dx, pair_u), _gather(sx, pair_u)
+
+
+@nb.njit(**_JIT)
 def apply_experts(
     h: np.ndarray, n_direct: int, pool: ExpertWeights, n_slots: int, slots: np.ndarray,
     starts: np.ndarray, rows: np.ndarray, ranks: np.ndarray, out: np.ndarray,
@@ -232,20 +273,8 @@ def apply_experts(
         for j in range(starts[i], starts[i + 1]):
             if int8 and rows[j] < n_direct:
                 n_dec[i] += 1
-    # The experts with decode pairs, their slots and pairs numbered from 0 (``d_starts``): only
-    # they are work items of the parallel regions, so that the threads split real work evenly.
-    n_d = 0
-    for i in range(n_exp):
-        n_d += n_dec[i] > 0
-    d_slots = np.empty(n_d, np.int64)
-    d_starts = np.zeros(n_d + 1, np.int64)
-    n_pairs, x = 0, 0
-    for i in range(n_exp):
-        if n_dec[i] > 0:
-            d_slots[x] = slots[i]
-            n_pairs += n_dec[i]
-            d_starts[x + 1] = n_pairs
-            x += 1
+    d_slots, d_starts = _decode_items(slots, n_dec)
+    n_pairs = d_starts[-1]
     if n_pairs > 0:
         d_rows = np.empty(n_pairs, np.int64)
         d_ranks = np.empty(n_pairs, np.int64)
@@ -254,27 +283,11 @@ def apply_experts(
             for j in range(starts[i], starts[i] + n_dec[i]):
                 d_rows[at], d_ranks[at] = rows[j], ranks[j]
                 at += 1
-        # Each distinct row quantized once (a row's quants depend on the row alone), then a copy
-        # per pair: not every decode row of the step, when the expert is applied alone.
-        unique = np.full(n_direct, -1, np.int64)
-        n_u = 0
-        for j in range(n_pairs):
-            if unique[d_rows[j]] < 0:
-                unique[d_rows[j]] = n_u
-                n_u += 1
-        u_rows = np.empty(n_u, np.int64)
-        for r in range(n_direct):
-            if unique[r] >= 0:
-                u_rows[unique[r]] = r
-        pair_u = np.empty(n_pairs, np.int64)
-        for j in range(n_pairs):
-            pair_u[j] = unique[d_rows[j]]
         up, down = pool.gate_up, pool.down
         n_ff = up.n_rows // n_slots // 2
-        xq, dx, sx = quantize_rows(_gather(h, u_rows), h.shape[1] // up.q.shape[1])
+        xq, dx, sx = _quantized_pairs(h, d_rows, n_direct, h.shape[1] // up.q.shape[1])
         gu = np.empty((n_pairs, 2 * n_ff), np.float32)
-        int8_matmul_slots(_gather(xq, pair_u), _gather(dx, pair_u), _gather(sx, pair_u), up, n_slots,
-                          d_slots, d_starts, gu)
+        int8_matmul_slots(xq, dx, sx, up, n_slots, d_slots, d_starts, gu)
         gate = np.ascontiguousarray(gu[:, :n_ff])
         swiglu(gate, gu[:, n_ff:])
         xq, dx, sx = quantize_rows(gate, n_ff // down.q.shape[1])
