@@ -15,11 +15,13 @@ from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_m
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store.blocks import IN_PLACE
 from colibri.store.formats import FORMATS, GGMLType, dequantize
-from colibri.store.lanes import FOUR_BIT
+from colibri.store.lanes import FIVE_BIT, FOUR_BIT
 from colibri.store.packed import (
     KIND_BLOCKS,
     KIND_Q4,
+    KIND_Q5,
     KIND_Q8,
+    OFFSETS_Q5,
     OFFSETS_Q8,
     dequantize_row,
     make_weight,
@@ -90,10 +92,10 @@ PATH_IDS = [f"{t.name}-{'lanes' if lanes else 'in_place'}" for t, lanes in PATHS
 
 
 def expected_kind(gtype: GGMLType, lanes: bool) -> int:
-    """In place, or (``lanes``) packed into Q4 or Q8 lanes."""
+    """In place, or (``lanes``) packed into Q4, Q5 or Q8 lanes."""
     if not lanes:
         return KIND_BLOCKS
-    return KIND_Q4 if gtype in FOUR_BIT else KIND_Q8
+    return KIND_Q4 if gtype in FOUR_BIT else KIND_Q5 if gtype in FIVE_BIT else KIND_Q8
 
 
 @pytest.mark.parametrize("gtype,lanes", PATHS, ids=PATH_IDS)
@@ -170,7 +172,11 @@ def test_one_part_is_a_view_of_the_file_unless_copied():
     ((GGMLType.Q4_1, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.IQ4_NL), KIND_Q8),
     ((GGMLType.Q2_K, GGMLType.Q4_0, GGMLType.Q3_K, GGMLType.Q8_0, GGMLType.Q6_K, GGMLType.Q5_K), KIND_Q8),
     ((GGMLType.Q5_0, GGMLType.Q8_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS), KIND_Q8),
-], ids=["q5_q8_q4k_iq4xs", "q4_q4k", "q4_q5_q5k_iq4nl", "per16_with_per32", "offsets_derived"])
+    ((GGMLType.Q5_0, GGMLType.Q5_0), KIND_Q5),
+    ((GGMLType.Q5_1, GGMLType.Q5_1), KIND_Q5),
+    ((GGMLType.Q4_0, GGMLType.Q5_0, GGMLType.Q5_K, GGMLType.Q4_K, GGMLType.Q5_1, GGMLType.Q4_1), KIND_Q5),
+], ids=["q5_q8_q4k_iq4xs", "q4_q4k", "q4_q5_q5k_iq4nl", "per16_with_per32", "offsets_derived", "q5_0_halves",
+        "q5_1_halves", "q4_with_q5"])
 def test_a_stack_of_lane_formats_packs_to_one_kind_and_is_the_concatenation(types: tuple, kind: int):
     """q, k and v of a ``_K_M`` file whose parts all scale per 32 values: one packed matmul."""
     rng = np.random.default_rng(11)
@@ -187,8 +193,15 @@ def test_a_stack_of_lane_formats_packs_to_one_kind_and_is_the_concatenation(type
         refs.append(ref.astype(np.float32))
     weight = make_weight(parts, k)
     assert weight.kind == kind and weight.n_rows == sum(r.shape[0] for r in refs)
-    # Q5_0, Q8_0 and IQ4 all have m = -128 d in Q8 lanes: none is stored, and the sizes agree
-    assert (weight.m.size == 0) == set(types).issubset(OFFSETS_Q8)
+    # Q5_0, Q8_0 and IQ4 all have m = -128 d in Q8 lanes, Q5_0 -16 d in Q5: none is stored, and
+    # the sizes agree; one Q5 format keeps the file's halves, bit for bit
+    assert (weight.m.size == 0 and weight.mh.size == 0) == set(types).issubset(
+        OFFSETS_Q5 if kind == KIND_Q5 else OFFSETS_Q8)
+    if len(set(types)) == 1:
+        size = FORMATS[types[0]].nbytes
+        words = np.concatenate([p for p, _ in parts]).reshape(weight.n_rows, -1, size)
+        by_row = weight.dh.transpose(0, 2, 1).reshape(-1, weight.dh.shape[1])[: weight.n_rows]
+        assert np.array_equal(by_row, words[:, :, :2].copy().view(np.uint16)[:, :, 0])
     assert packed_nbytes([(p.shape[0], t) for p, t in parts], k) == (
         weight.q.nbytes + weight.d.nbytes + weight.m.nbytes + weight.dh.nbytes + weight.mh.nbytes)
     ref = np.concatenate(refs)

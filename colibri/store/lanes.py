@@ -60,6 +60,8 @@ SIXTEEN = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q6_K})  # scaled per
 LANE_TYPES = frozenset({GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.IQ4_NL,
                         GGMLType.IQ4_XS}) | SIXTEEN
 FOUR_BIT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K})
+# Those whose quants are 5-bit: with 4-bit ones, they pack into Q5 (nibbles and fifth bits).
+FIVE_BIT = frozenset({GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K})
 # Values per block of a 16-value packing.
 HALF_BLOCK = BLOCK // 2
 

@@ -6,7 +6,8 @@ row must reduce every block horizontally, which SIMD does badly, so each quantiz
 four quant bytes of a row together,
 
     q[g, b, p, 4 r + k]   quant byte 4 p + k of block b of row GROUP*g + r  (Q4: a byte of two
-                          nibbles, quants j and j + 16, as in the file; Q8: q + 128)
+                          nibbles, quants j and j + 16, as in the file; Q8: q + 128; Q5:
+                          Q4's nibbles in quads 0-3, the fifth bits in quad 4, FIFTH_BYTES)
     d[g, b, r]            that block's scale;  m[g, b, r] its offset (Q4_1's min; none kept where
                           every part's offset is OFFSET_Q4 d or OFFSET_Q8 d: OFFSETS_Q4, OFFSETS_Q8)
     dh, mh                the same as the file's halves (uint16), instead of d and m, where every
@@ -14,14 +15,14 @@ four quant bytes of a row together,
 
 so that one 64-byte vector holds four consecutive quants of each of 16 rows: the 32-bit lanes of
 an integer dot product (``colibri.model.kernels.int8_matmul``), one lane per row, and no
-horizontal sums. The bits stay 4- or 8-bit, and the scales of Q4_0, Q4_1 and Q8_0 the file's halves
-(a packed matrix is its file bytes); others' scales, computed, are float32. Float formats, and
-stacks that mix kinds, are widened to float32 rows. Packing is deterministic, so a resident copy
-and one packed from the file on a miss give the same bits. The formats themselves are the table in
-``formats.py``. The other formats (Q5, the K-quants, IQ4) are re-expressed as ``d q + m`` into
-these lanes (``colibri.store.lanes``), or,
-with ``lanes=False`` (the expert store), keep the file's blocks (``Kind.BLOCKS``, decoded by
-``colibri.store.blocks``), no bigger than the file.
+horizontal sums. The bits stay 4-, 5- or 8-bit, and the scales of Q4_0, Q4_1, Q5_0, Q5_1 and
+Q8_0 the file's halves (a packed matrix is its file bytes); others' scales, computed, are
+float32. Float formats, and stacks that mix kinds, are widened to float32 rows. Packing is
+deterministic, so a resident copy and one packed from the file on a miss give the same bits. The
+formats themselves are the table in ``formats.py``. The other formats (Q5, the K-quants, IQ4) are
+re-expressed as ``d q + m`` into these lanes (``colibri.store.lanes``: the Q5 formats into Q5's
+5.5 bits a weight, no longer Q8's 8.5), or, with ``lanes=False`` (the expert store), keep the
+file's blocks (``Kind.BLOCKS``, decoded by ``colibri.store.blocks``), no bigger than the file.
 
 Q8_0's quants are kept *biased* (``q + 128``, an unsigned byte, with ``m = -128 d``): the integer
 dot product multiplies unsigned weight bytes by signed activation bytes, and a byte converts to
@@ -39,7 +40,7 @@ import numpy as np
 from colibri.store.arena import Arena
 from colibri.store.blocks import F16_TABLE, JIT_OPTIONS, decode_row, half  # noqa: F401 (re-exported)
 from colibri.store.formats import BLOCK, FORMATS, GGMLType, Kind, computed_format, row_nbytes
-from colibri.store.lanes import FOUR_BIT, LANE_TYPES, SIXTEEN, lane_row, lane_row16
+from colibri.store.lanes import FIVE_BIT, FOUR_BIT, LANE_TYPES, SIXTEEN, lane_row, lane_row16
 
 # Rows interleaved by packing: the SIMD lanes of the direct path. 32, not 16 (one AVX-512
 # vector): LLVM leaves the 16-trip lane loops scalar and vectorizes the 32-trip ones.
@@ -49,14 +50,21 @@ Q4_BYTES = BLOCK // 2
 Q8_BYTES = BLOCK
 # Quant bytes of one row side by side in the layout: one 32-bit lane of the integer dot product.
 QUAD = 4
+# Q5: Q4's 16 bytes of nibbles, then one quad of the block's 32 fifth bits, byte k of a row's
+# quad bit p the fifth bit of quant 4 p + k, bit 4 + p that of quant 16 + 4 p + k: a nibble
+# vector's fifth bits are then one shift and mask of the quad away (``simd.low_fives``).
+FIFTH_BYTES = BLOCK // 8
+Q5_BYTES = Q4_BYTES + FIFTH_BYTES
 
 # The offset m of Q4_0 and Q8_0 blocks, a fixed multiple of d: a matrix of only those keeps no m
 # (a fifth fewer bytes to read per Q4_0 weight, a tenth per Q8_0 one) and the kernels derive it.
 OFFSET_Q4 = np.float32(FORMATS[GGMLType.Q4_0].pack.offset_scale)
 OFFSET_Q8 = np.float32(FORMATS[GGMLType.Q8_0].pack.offset_scale)
+OFFSET_Q5 = np.float32(-16.0)  # Q5_0's: value = d (q - 16)
 
 # The kinds as plain ints, for numba (``Weight.kind``).
 KIND_F32, KIND_Q4, KIND_Q8, KIND_BLOCKS = int(Kind.FLOAT), int(Kind.Q4), int(Kind.Q8), int(Kind.BLOCKS)
+KIND_Q5 = int(Kind.Q5)
 
 T_F32 = int(GGMLType.F32)
 T_F16 = int(GGMLType.F16)
@@ -64,6 +72,7 @@ T_BF16 = int(GGMLType.BF16)
 T_Q8_0 = int(GGMLType.Q8_0)
 T_Q4_0 = int(GGMLType.Q4_0)
 T_Q4_1 = int(GGMLType.Q4_1)
+T_Q5_0 = int(GGMLType.Q5_0)
 # Block sizes for ``dequantize_row``, from the table (numba reads module constants, not dicts).
 Q4_0_NBYTES = FORMATS[GGMLType.Q4_0].nbytes
 Q4_1_NBYTES = FORMATS[GGMLType.Q4_1].nbytes
@@ -112,15 +121,18 @@ EMPTY_WEIGHT = Weight(KIND_F32, 0, _EMPTY_Q, _EMPTY_S, _EMPTY_S, _EMPTY_F, _EMPT
 
 def packed_kind(types: list[int], lanes: bool = True) -> int:
     """The kind a stack of tensors computes as: their common packed kind (Q4 or Q8); with
-    ``lanes``, Q4 or Q8 too for the in-place formats whose scales are per 32 values (``lanes.py``:
-    Q4 when every part is 4-bit); else the file's blocks in place when any part is of an in-place
-    format (any mix, row by row); else float32. An unknown type raises."""
+    ``lanes``, Q4, Q5 or Q8 too for the in-place formats whose scales are per 32 values
+    (``lanes.py``: Q4 when every part is 4-bit, Q5 when every part is 4- or 5-bit); else the
+    file's blocks in place when any part is of an in-place format (any mix, row by row); else
+    float32. An unknown type raises."""
     kinds = {int(computed_format(t).kind) for t in types}
     if len(kinds) == 1 and kinds <= {KIND_Q4, KIND_Q8}:
         return kinds.pop()
     if lanes and KIND_F32 not in kinds and all(GGMLType(t) in LANE_TYPES or
                                                int(computed_format(t).kind) != KIND_BLOCKS for t in types):
-        return KIND_Q4 if all(GGMLType(t) in FOUR_BIT for t in types) else KIND_Q8
+        if all(GGMLType(t) in FOUR_BIT for t in types):
+            return KIND_Q4
+        return KIND_Q5 if all(GGMLType(t) in FOUR_BIT | FIVE_BIT for t in types) else KIND_Q8
     return KIND_BLOCKS if KIND_BLOCKS in kinds else KIND_F32
 
 
@@ -133,22 +145,25 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True)
     if kind == KIND_BLOCKS:  # the file's bytes, and a line of the part table per part
         return sum(rows * row_nbytes(GGMLType(t), n_cols) + 32 for rows, t in parts)
     types = [t for _, t in parts]
-    per = Q4_BYTES if kind == KIND_Q4 else _q8_block(types)  # quant bytes per block
-    values = BLOCK if kind == KIND_Q4 else per
+    per = _quant_bytes(kind, types)  # quant bytes per block
+    values = BLOCK if kind in (KIND_Q4, KIND_Q5) else per
     scale = 2 if _half_scales(types) else 4
     scales = scale if _derived_offsets(types, kind) else 2 * scale  # d, and m unless derived
     return -(-n_rows // GROUP) * GROUP * (n_cols // values) * (per + scales)
 
 
-# The formats whose offset m is OFFSET_Q4 d as Q4, and OFFSET_Q8 d as Q8 (Q5_0 and IQ4 through their
-# lanes: ``lanes._legacy`` shifts Q5_0's quants to it, IQ4's grid is stored +128).
+# The formats whose offset m is OFFSET_Q4 d as Q4, OFFSET_Q5 d as Q5, and OFFSET_Q8 d as Q8 (Q5_0
+# and IQ4 through their lanes: ``lanes._legacy`` shifts Q5_0's quants to it, IQ4's grid is stored
+# +128).
 OFFSETS_Q4 = frozenset({GGMLType.Q4_0})
+OFFSETS_Q5 = frozenset({GGMLType.Q5_0})
 OFFSETS_Q8 = frozenset({GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS})
 
 
-# The formats whose packed scales are the file's halves, bit for bit: their own kind's blocks, scale
-# (and Q4_1's min) one f16 each. A stack keeps halves when all its parts are one of them.
-HALF_SCALES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0})
+# The formats whose packed scales are the file's halves, bit for bit: their own kind's blocks (Q5's
+# for Q5_0 and Q5_1), scale (and the min) one f16 each. A stack keeps halves when all its parts are
+# one of them.
+HALF_SCALES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q5_1})
 
 
 def _half_scales(types: list[int]) -> bool:
@@ -157,8 +172,13 @@ def _half_scales(types: list[int]) -> bool:
 
 def _derived_offsets(types: list[int], kind: int) -> bool:
     """Whether every part's offset is its kind's fixed multiple of d, so that m is not stored."""
-    own = OFFSETS_Q4 if kind == KIND_Q4 else OFFSETS_Q8
+    own = OFFSETS_Q4 if kind == KIND_Q4 else OFFSETS_Q5 if kind == KIND_Q5 else OFFSETS_Q8
     return all(GGMLType(t) in own for t in types)
+
+
+def _quant_bytes(kind: int, types: list[int]) -> int:
+    """Quant bytes per block per row of a packing of ``kind``."""
+    return Q4_BYTES if kind == KIND_Q4 else Q5_BYTES if kind == KIND_Q5 else _q8_block(types)
 
 
 def _q8_block(types: list[int]) -> int:
@@ -178,9 +198,9 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
     if kind == KIND_BLOCKS:
         return _blocks_weight(parts, copy)
     if kind != KIND_F32:
-        per = Q4_BYTES if kind == KIND_Q4 else _q8_block([t for _, t in parts])
-        groups, n_blocks = -(-n_rows // GROUP), n_cols // (BLOCK if kind == KIND_Q4 else per)
         types = [t for _, t in parts]
+        per = _quant_bytes(kind, types)
+        groups, n_blocks = -(-n_rows // GROUP), n_cols // (BLOCK if kind in (KIND_Q4, KIND_Q5) else per)
         halves, derived = _half_scales(types), _derived_offsets(types, kind)
         # Every byte is written when the rows fill whole groups: no zeroing pass (a miss packs an
         # expert into fresh memory on every use); else zeros, for the last group's empty rows.
@@ -194,7 +214,9 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
         for raw, t in parts:
             fmt = FORMATS[GGMLType(t)]
             layout = fmt.pack
-            if fmt.kind == kind and n_blocks * BLOCK == n_cols and halves:  # the file's bytes, moved
+            if kind == KIND_Q5:
+                _pack_fives(raw, t, fmt.nbytes, row, q, d, m, dh, mh)
+            elif fmt.kind == kind and n_blocks * BLOCK == n_cols and halves:  # the file's bytes, moved
                 _pack_words(np.ascontiguousarray(raw), fmt.nbytes, layout.quants_at, layout.min_at,
                             np.uint32(layout.flip * 0x01010101), row, q, dh, mh)
             elif fmt.kind == kind and n_blocks * BLOCK == n_cols:  # its own kind, scales widened
@@ -240,7 +262,7 @@ def blocks_weight(raw: np.ndarray, parts: list[tuple[np.ndarray, int]]) -> Weigh
 @nb.njit(inline="always", **JIT_OPTIONS)
 def slot(w: Weight, i: int, n_slots: int) -> Weight:
     """Matrix ``i`` of ``n_slots`` of one shape stacked end to end (the expert store's resident
-    layer: every expert's copy, expert after expert): packed Q4/Q8 by groups, each matrix filling
+    layer: every expert's copy, expert after expert): packed Q4/Q5/Q8 by groups, each matrix filling
     whole groups; in-place blocks by bytes, every matrix with the same part table. A weight is its
     own slot 0 of 1, whatever its kind; float32 weights are never stacked."""
     g = w.q.shape[0] // n_slots
@@ -357,6 +379,46 @@ def _pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarr
             else:
                 for j in range(per):
                     q[g, b, j // QUAD, QUAD * lane + j % QUAD] = qs[at + j]
+
+
+@nb.njit(inline="always", **JIT_OPTIONS)
+def _half_bits(row: np.ndarray, at: int) -> np.uint16:
+    return np.uint16(row[at]) | (np.uint16(row[at + 1]) << np.uint16(8))
+
+
+@nb.njit(**JIT_OPTIONS)
+def _pack_fives(raw: np.ndarray, gtype: int, size: int, row0: int, q: np.ndarray, d: np.ndarray,
+                m: np.ndarray, dh: np.ndarray, mh: np.ndarray) -> None:
+    """Raw rows of a Q5 or 4-bit format (``lanes.py``) into rows ``row0..`` of Q5 lanes
+    (``Q5_BYTES``): the scales the file's halves where every part is one Q5_0 or Q5_1 (their d,
+    and Q5_1's min, at the block's start), else float32. Q5_0's lane quants are Q8's (``+112``):
+    moved back to 0..31, m = OFFSET_Q5 d."""
+    n_cols = q.shape[1] * BLOCK
+    qs = np.empty(n_cols, np.uint8)
+    ds = np.empty(q.shape[1], np.float32)
+    ms = np.empty(q.shape[1], np.float32)
+    shift = np.uint8(112) if gtype == T_Q5_0 else np.uint8(0)
+    for r in range(raw.shape[0]):
+        g, lane = divmod(row0 + r, GROUP)
+        lane_row(raw[r], gtype, qs, ds, ms)
+        for b in range(q.shape[1]):
+            base = b * size
+            if dh.size:  # the file's halves, bit for bit
+                dh[g, b, lane] = _half_bits(raw[r], base)
+                if mh.size:
+                    mh[g, b, lane] = _half_bits(raw[r], base + 2)
+            else:
+                d[g, b, lane] = ds[b]
+                if m.size:  # else derived (OFFSETS_Q5)
+                    m[g, b, lane] = ms[b] + np.float32(112.0) * ds[b] if shift else ms[b]
+            at = b * BLOCK
+            for k in range(QUAD):
+                fifth = np.uint8(0)
+                for p in range(Q4_BYTES // QUAD):
+                    lo, hi = qs[at + QUAD * p + k] - shift, qs[at + Q4_BYTES + QUAD * p + k] - shift
+                    q[g, b, p, QUAD * lane + k] = (lo & np.uint8(15)) | ((hi & np.uint8(15)) << np.uint8(4))
+                    fifth |= ((lo >> np.uint8(4)) << np.uint8(p)) | ((hi >> np.uint8(4)) << np.uint8(4 + p))
+                q[g, b, Q4_BYTES // QUAD, QUAD * lane + k] = fifth
 
 
 @nb.njit(**JIT_OPTIONS)

@@ -1,4 +1,4 @@
-"""``out = x @ W.T`` for packed Q4 and Q8 weights and a few activation rows (decode): integer dot
+"""``out = x @ W.T`` for packed Q4, Q5 and Q8 weights and a few activation rows (decode): integer dot
 products on 8-bit activations.
 
 Each activation row is first written as three 8-bit levels per 32 values,
@@ -29,10 +29,12 @@ from colibri.model.kernels.simd import (
     add_int,
     dpbusd,
     fma_float,
+    high_fives,
     high_nibbles,
     load_bytes,
     load_quad,
     load_scales,
+    low_fives,
     low_nibbles,
     mul_float,
     splat_float,
@@ -43,7 +45,19 @@ from colibri.model.kernels.simd import (
     zeros_int,
 )
 from colibri.store.formats import BLOCK
-from colibri.store.packed import GROUP, JIT_OPTIONS, KIND_Q4, OFFSET_Q4, OFFSET_Q8, Weight, slot
+from colibri.store.packed import (
+    GROUP,
+    JIT_OPTIONS,
+    KIND_Q4,
+    KIND_Q5,
+    OFFSET_Q4,
+    OFFSET_Q5,
+    OFFSET_Q8,
+    Q5_BYTES,
+    QUAD,
+    Weight,
+    slot,
+)
 
 _JIT = JIT_OPTIONS
 # Activation rows sharing one load of a weight vector: 4 rows keep 12 integer (a sum per level)
@@ -52,8 +66,8 @@ ROWS = 4
 # Bytes of a packed block's quad p, across a group's rows: GROUP rows x 4 bytes.
 QUAD_BYTES = 4 * GROUP
 # The fixed offsets of Q4_0 and Q8_0 (m = OFFSET d) as integers: applied in the integer sum.
-_OFF_Q4, _OFF_Q8 = int(OFFSET_Q4), int(OFFSET_Q8)
-assert _OFF_Q4 == OFFSET_Q4 and _OFF_Q8 == OFFSET_Q8
+_OFF_Q4, _OFF_Q5, _OFF_Q8 = int(OFFSET_Q4), int(OFFSET_Q5), int(OFFSET_Q8)
+assert _OFF_Q4 == OFFSET_Q4 and _OFF_Q5 == OFFSET_Q5 and _OFF_Q8 == OFFSET_Q8
 # The quant range of every level, and how much finer each level's step is than the one before:
 # a remainder is within half a step, so 2 x 127 finer steps span it.
 Q_MAX = np.float32(127.0)
@@ -135,20 +149,36 @@ def _dot(i1, i2, i3, w, xqf, at: int, k: int):  # noqa: ANN001, ANN202
 
 
 @nb.njit(inline="always", **_JIT)
-def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, q4: bool):  # noqa: ANN001, ANN202
+def _halves(v, h, p: int, bits: int):  # noqa: ANN001, ANN202
+    """The quants of weight vector ``v`` (quad ``p`` of a block) as bytes: Q4's low and high
+    nibbles (quants 4p.. and 16 + 4p..), Q5's with their fifth bits from ``h``."""
+    if bits == 5:
+        return low_fives(v, h, p), high_fives(v, h, p)
+    return low_nibbles(v), high_nibbles(v)
+
+
+@nb.njit(inline="always", **_JIT)
+def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
     """One block of one activation row against a group's 32 weight rows, two vectors of 16: each
     level's integer sum per vector, from zero sums ``z``. Both vectors take the same steps as in
-    ``_four_blocks``; here they share the activation loads and read the group's bytes in order."""
+    ``_four_blocks``; here they share the activation loads and read the group's bytes in order.
+    ``bits``: 4 or 5 (two quants a byte, Q5's fifth bits in the block's last quad) or 8."""
     a1 = a2 = a3 = c1 = c2 = c3 = z
-    for p in range(quads):
+    hv = hu = z
+    if bits == 5:
+        hv = load_bytes(qf, base + (quads - 1) * QUAD_BYTES)
+        hu = load_bytes(qf, base + (quads - 1) * QUAD_BYTES + 4 * LANES)
+    for p in range(quads - 1 if bits == 5 else quads):
         v = load_bytes(qf, base + p * QUAD_BYTES)
         u = load_bytes(qf, base + p * QUAD_BYTES + 4 * LANES)
-        if q4:
+        if bits != 8:
             at, ah = x0 + 4 * p, x0 + BLOCK // 2 + 4 * p
-            a1, a2, a3 = _dot(a1, a2, a3, low_nibbles(v), xqf, at, k)
-            a1, a2, a3 = _dot(a1, a2, a3, high_nibbles(v), xqf, ah, k)
-            c1, c2, c3 = _dot(c1, c2, c3, low_nibbles(u), xqf, at, k)
-            c1, c2, c3 = _dot(c1, c2, c3, high_nibbles(u), xqf, ah, k)
+            lo, hi = _halves(v, hv, p, bits)
+            a1, a2, a3 = _dot(a1, a2, a3, lo, xqf, at, k)
+            a1, a2, a3 = _dot(a1, a2, a3, hi, xqf, ah, k)
+            lo, hi = _halves(u, hu, p, bits)
+            c1, c2, c3 = _dot(c1, c2, c3, lo, xqf, at, k)
+            c1, c2, c3 = _dot(c1, c2, c3, hi, xqf, ah, k)
         else:
             a1, a2, a3 = _dot(a1, a2, a3, v, xqf, x0 + 4 * p, k)
             c1, c2, c3 = _dot(c1, c2, c3, u, xqf, x0 + 4 * p, k)
@@ -156,15 +186,16 @@ def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, q4: bool):  #
 
 
 @nb.njit(inline="always", **_JIT)
-def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, q4: bool):  # noqa: ANN001, ANN202
+def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
     """``_row_block`` for four activation rows (``LEVELS k`` apart in ``xqf``), each weight vector
     loaded and split once. Each row's sums take ``_row_block``'s steps."""
     a1 = a2 = a3 = b1 = b2 = b3 = c1 = c2 = c3 = e1 = e2 = e3 = z
     r = LEVELS * k
-    for p in range(quads):
+    h = load_bytes(qf, base + (quads - 1) * QUAD_BYTES) if bits == 5 else z
+    for p in range(quads - 1 if bits == 5 else quads):
         v = load_bytes(qf, base + p * QUAD_BYTES)
-        if q4:
-            lo, hi = low_nibbles(v), high_nibbles(v)
+        if bits != 8:
+            lo, hi = _halves(v, h, p, bits)
             at, ah = x0 + 4 * p, x0 + BLOCK // 2 + 4 * p
             a1, a2, a3 = _dot(a1, a2, a3, lo, xqf, at, k)
             a1, a2, a3 = _dot(a1, a2, a3, hi, xqf, ah, k)
@@ -186,14 +217,27 @@ def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, q4: bool): 
 @nb.njit(inline="always", **_JIT)
 def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, out: np.ndarray,
            ds: np.ndarray, ms: np.ndarray) -> None:
-    """Rows ``GROUP g ..`` of W against every activation row: four rows at a time, one vector of
-    16 weight rows after the other, then the rest of the rows one at a time, both vectors at once.
-    ``ds``, ``ms``: the weight's scales and offsets, float32 or halves (d and m, or dh and mh)."""
+    """Rows ``GROUP g ..`` of W against every activation row (``_rows``), each kind through its
+    own copy of the loops with its bit width and offset constant (one copy deciding them at run
+    time made 16 rows 12% slower). Q5's quads per block are constant too, so that its fifth bits'
+    shifts are; Q4's and Q8's are not (a constant unrolled Q4's loop, and one row went 5% slower)."""
+    if w.kind == KIND_Q4:
+        _rows(w, g, xq, dx, sx, out, ds, ms, 4, _OFF_Q4, w.q.shape[2])
+    elif w.kind == KIND_Q5:
+        _rows(w, g, xq, dx, sx, out, ds, ms, 5, _OFF_Q5, Q5_BYTES // QUAD)
+    else:
+        _rows(w, g, xq, dx, sx, out, ds, ms, 8, _OFF_Q8, w.q.shape[2])
+
+
+@nb.njit(inline="always", **_JIT)
+def _rows(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, out: np.ndarray,
+          ds: np.ndarray, ms: np.ndarray, bits: int, off: int, quads: int) -> None:
+    """``_group``: four activation rows at a time, one vector of 16 weight rows after the other,
+    then the rest of the rows one at a time, both vectors at once. ``ds``, ``ms``: the weight's
+    scales and offsets, float32 or halves (d and m, or dh and mh)."""
     t_rows, k = xq.shape[0], xq.shape[2]
-    n_blocks, quads = w.q.shape[1], w.q.shape[2]
+    n_blocks = w.q.shape[1]
     per = k // n_blocks  # values per weight block: 32, or 16
-    q4 = w.kind == KIND_Q4
-    off = _OFF_Q4 if q4 else _OFF_Q8
     qf, xqf = w.q.reshape(-1), xq.reshape(-1)
     df, mf = ds.reshape(-1), ms.reshape(-1)
     stored_m = mf.size > 0
@@ -208,7 +252,8 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
                 blk = g * n_blocks + b
                 at = blk * GROUP + lane0
                 a1, a2, a3, b1, b2, b3, c1, c2, c3, e1, e2, e3 = _four_blocks(
-                    z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, LEVELS * t * k + b * per, k, q4)
+                    z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, LEVELS * t * k + b * per, k,
+                    bits)
                 dw = load_scales(df, at)
                 mw = load_scales(mf, at) if stored_m else dw
                 a = _scaled(a, a1, a2, a3, dw, mw, stored_m, dx, sx, t, b, off)
@@ -225,7 +270,7 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
         for b in range(n_blocks):
             blk = g * n_blocks + b
             a1, a2, a3, c1, c2, c3 = _row_block(z, qf, blk * quads * QUAD_BYTES, quads,
-                                                xqf, LEVELS * t * k + b * per, k, q4)
+                                                xqf, LEVELS * t * k + b * per, k, bits)
             at = blk * GROUP
             dw, du = load_scales(df, at), load_scales(df, at + LANES)
             mw = load_scales(mf, at) if stored_m else dw
@@ -239,7 +284,7 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
 
 @nb.njit(parallel=True, **_JIT)
 def int8_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
-    """``out[T, N] = x[T, K] @ W.T`` for a packed Q4 or Q8 weight (``out``'s rows contiguous)."""
+    """``out[T, N] = x[T, K] @ W.T`` for a packed Q4, Q5 or Q8 weight (``out``'s rows contiguous)."""
     t_rows, k = x.shape
     n_blocks = w.q.shape[1]
     per = k // n_blocks

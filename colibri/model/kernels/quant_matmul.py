@@ -1,6 +1,6 @@
 """``out = x @ W.T`` for every kind of weight, the one call the layers make.
 
-- Packed Q4 and Q8 (``colibri.store.packed``: the legacy formats, and the others re-expressed in
+- Packed Q4, Q5 and Q8 (``colibri.store.packed``: the legacy formats, and the others re-expressed in
   their lanes): decode rows by integer dot products on 8-bit activations (``int8_matmul``), each
   row computed alone; prompt rows *tiled*: a tile of weight rows dequantized into float32 once and
   multiplied by BLAS (``np.dot`` inside numba) for every prompt row, the whole matrix never
@@ -28,8 +28,11 @@ from colibri.store.packed import (
     KIND_BLOCKS,
     KIND_F32,
     KIND_Q4,
+    KIND_Q5,
     OFFSET_Q4,
+    OFFSET_Q5,
     OFFSET_Q8,
+    Q4_BYTES,
     QUAD,
     Weight,
     nibbles,
@@ -37,6 +40,30 @@ from colibri.store.packed import (
 
 # Quant j of a Q4 block shares its byte with quant j + PAIR.
 PAIR = BLOCK // 2
+
+
+@nb.njit(inline="always", **JIT_OPTIONS)
+def _bit(v: np.float32, p: int) -> np.float32:
+    """Bit ``p`` of a byte held as float32 (float arithmetic, as ``nibbles``)."""
+    t = np.floor(v * np.float32(1.0 / (1 << p)))
+    return t - np.float32(2.0) * np.floor(t * np.float32(0.5))
+
+
+@nb.njit(inline="always", **JIT_OPTIONS)
+def _five_columns(w: Weight, g: int, b: int, d: np.ndarray, m: np.ndarray, tile_t: np.ndarray,
+                  o: int) -> None:
+    """Block ``b`` of group ``g`` of a Q5 weight into ``tile_t``'s columns ``o..o + GROUP``."""
+    fifths = w.q[g, b, Q4_BYTES // QUAD]
+    for j in range(Q4_BYTES):
+        qj = w.q[g, b, j // QUAD]
+        p = j // QUAD
+        for r in range(GROUP):
+            lo, hi = nibbles(qj[QUAD * r + j % QUAD])
+            h = np.float32(fifths[QUAD * r + j % QUAD])
+            lo += np.float32(16.0) * _bit(h, p)
+            hi += np.float32(16.0) * _bit(h, 4 + p)
+            tile_t[b * BLOCK + j, o + r] = d[r] * lo + m[r]
+            tile_t[b * BLOCK + PAIR + j, o + r] = d[r] * hi + m[r]
 
 
 @nb.njit(parallel=True, **JIT_OPTIONS)
@@ -50,7 +77,7 @@ def _tiled(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
         tile_t = np.empty((x.shape[1], (g1 - g0) * GROUP), np.float32)
         d = np.empty(GROUP, np.float32)
         m = np.empty(GROUP, np.float32)
-        off = OFFSET_Q4 if w.kind == KIND_Q4 else OFFSET_Q8
+        off = OFFSET_Q4 if w.kind == KIND_Q4 else OFFSET_Q5 if w.kind == KIND_Q5 else OFFSET_Q8
         for g in range(g0, g1):
             o = (g - g0) * GROUP
             for b in range(n_blocks):
@@ -61,6 +88,9 @@ def _tiled(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
                     else:
                         d[r] = w.d[g, b, r]
                         m[r] = w.m[g, b, r] if w.m.size else off * d[r]
+                if w.kind == KIND_Q5:
+                    _five_columns(w, g, b, d, m, tile_t, o)
+                    continue
                 for j in range(per):
                     qj = w.q[g, b, j // QUAD]
                     if w.kind == KIND_Q4:

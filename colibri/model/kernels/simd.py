@@ -189,6 +189,32 @@ def high_nibbles(typingctx, v):  # noqa: ANN001, ANN201
     return i32x16(v), codegen
 
 
+_FIFTH = ir.Constant(_VI, [0x10101010] * LANES)
+
+
+@intrinsic
+def low_fives(typingctx, v, h, p):  # noqa: ANN001, ANN201
+    """Q5 lanes (``colibri.store.packed``): each byte's low nibble of ``v`` with its fifth bit, bit
+    ``p`` of the same byte of ``h``, above it (the quants of a block's first half)."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        shift = builder.sub(ir.Constant(_I32, 4), context.cast(builder, args[2], sig.args[2], types.int32))
+        fifth = builder.and_(builder.shl(args[1], _splat(builder, shift, _VI)), _FIFTH)
+        return builder.or_(builder.and_(args[0], _NIBBLE), fifth)
+    return i32x16(v, h, p), codegen
+
+
+@intrinsic
+def high_fives(typingctx, v, h, p):  # noqa: ANN001, ANN201
+    """Each byte's high nibble of ``v`` with its fifth bit, bit ``4 + p`` of ``h``'s byte (the
+    quants of a block's second half)."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        shift = context.cast(builder, args[2], sig.args[2], types.int32)
+        fifth = builder.and_(builder.lshr(args[1], _splat(builder, shift, _VI)), _FIFTH)
+        nibble = builder.and_(builder.lshr(args[0], ir.Constant(_VI, [4] * LANES)), _NIBBLE)
+        return builder.or_(nibble, fifth)
+    return i32x16(v, h, p), codegen
+
+
 def _dpbusd_generic(builder, acc, u8, s8):  # noqa: ANN001, ANN202
     """vpdpbusd's arithmetic in plain IR: lane i += sum over k < 4 of u8[4i+k] * s8[4i+k]."""
     wide = ir.VectorType(_I32, 4 * LANES)

@@ -34,7 +34,7 @@ from colibri.model.network.layers import FFN, load_ffn, swiglu_ffn
 from colibri.model.network.weights import load_matrix, optional_vector
 from colibri.store.experts import HEAT_DECAY, ExpertStore, ExpertWeights, note_routing
 from colibri.store.gguf import GGUFError, GGUFFile
-from colibri.store.packed import EMPTY_WEIGHT, KIND_Q4, KIND_Q8, slot
+from colibri.store.packed import EMPTY_WEIGHT, KIND_Q4, KIND_Q5, KIND_Q8, slot
 
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
 _SLOT_0 = np.zeros(1, np.int64)  # an expert handed out alone is slot 0 of a pool of one
@@ -43,6 +43,9 @@ _DECAY = np.float32(HEAT_DECAY)
 
 _JIT = dict(nogil=True, cache=True)
 _JIT_FAST = dict(nogil=True, cache=True, fastmath=True)
+
+# The packed kinds whose decode rows take integer dot products (``int8_matmul``).
+_INT8_KINDS = (KIND_Q4, KIND_Q5, KIND_Q8)
 
 
 class Routing(NamedTuple):
@@ -263,11 +266,11 @@ def apply_experts(
     """Expert i, slot ``slots[i]`` of the ``n_slots`` stacked in ``pool`` (``packed.slot``; an
     expert alone is slot 0 of 1), on its rows: ``out[rows[j], ranks[j]] = expert_i(h[rows[j]])``
     for j in ``starts[i]:starts[i + 1]`` (rows ascending, so decode rows, those below
-    ``n_direct``, come first). Packed Q4/Q8 experts take their decode rows all at once, one
+    ``n_direct``, come first). Packed Q4/Q5/Q8 experts take their decode rows all at once, one
     parallel region per matrix for every expert (``int8_matmul_slots``); prompt rows, and the
     other kinds, expert by expert through ``swiglu_ffn``, as in a dense layer."""
     n_exp = slots.shape[0]
-    int8 = pool.gate_up.kind in (KIND_Q4, KIND_Q8) and pool.down.kind in (KIND_Q4, KIND_Q8)
+    int8 = pool.gate_up.kind in _INT8_KINDS and pool.down.kind in _INT8_KINDS
     n_dec = np.zeros(n_exp, np.int64)  # each expert's decode pairs (0 where not int8)
     for i in range(n_exp):
         for j in range(starts[i], starts[i + 1]):
