@@ -53,8 +53,6 @@ from colibri.store.packed import (
     OFFSET_Q4,
     OFFSET_Q5,
     OFFSET_Q8,
-    Q5_BYTES,
-    QUAD,
     Weight,
     slot,
 )
@@ -217,24 +215,21 @@ def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):
 @nb.njit(inline="always", **_JIT)
 def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, out: np.ndarray,
            ds: np.ndarray, ms: np.ndarray) -> None:
-    """Rows ``GROUP g ..`` of W against every activation row (``_rows``), each kind through its
-    own copy of the loops with its bit width and offset constant (one copy deciding them at run
-    time made 16 rows 12% slower). Q5's quads per block are constant too, so that its fifth bits'
-    shifts are; Q4's and Q8's are not (a constant unrolled Q4's loop, and one row went 5% slower)."""
-    if w.kind == KIND_Q4:
-        _rows(w, g, xq, dx, sx, out, ds, ms, 4, _OFF_Q4, w.q.shape[2])
-    elif w.kind == KIND_Q5:
-        _rows(w, g, xq, dx, sx, out, ds, ms, 5, _OFF_Q5, Q5_BYTES // QUAD)
-    else:
-        _rows(w, g, xq, dx, sx, out, ds, ms, 8, _OFF_Q8, w.q.shape[2])
+    """Rows ``GROUP g ..`` of W against every activation row (``_rows``), the kind's bit width
+    and offset decided at run time: one copy of the loops for every kind. A copy per kind, with
+    them constant, made 16 rows 12% faster but compiled 3.5-4x slower (``int8_matmul`` cold:
+    24 -> 82-106 s, and ``make test`` over its 15 minutes); not kept."""
+    bits = 4 if w.kind == KIND_Q4 else 5 if w.kind == KIND_Q5 else 8
+    off = _OFF_Q4 if bits == 4 else _OFF_Q5 if bits == 5 else _OFF_Q8
+    _rows(w, g, xq, dx, sx, out, ds, ms, bits, off, w.q.shape[2])
 
 
 @nb.njit(inline="always", **_JIT)
 def _rows(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, out: np.ndarray,
           ds: np.ndarray, ms: np.ndarray, bits: int, off: int, quads: int) -> None:
-    """``_group``: four activation rows at a time, one vector of 16 weight rows after the other,
-    then the rest of the rows one at a time, both vectors at once. ``ds``, ``ms``: the weight's
-    scales and offsets, float32 or halves (d and m, or dh and mh)."""
+    """``_group``'s work: four activation rows at a time, one vector of 16 weight rows after the
+    other, then the rest of the rows one at a time, both vectors at once. ``ds``, ``ms``: the
+    weight's scales and offsets, float32 or halves (d and m, or dh and mh)."""
     t_rows, k = xq.shape[0], xq.shape[2]
     n_blocks = w.q.shape[1]
     per = k // n_blocks  # values per weight block: 32, or 16
