@@ -9,7 +9,8 @@ four quant bytes of a row together,
                           nibbles, quants j and j + 16, as in the file; Q8: q + 128; Q5:
                           Q4's nibbles in quads 0-3, the fifth bits in quad 4, FIFTH_BYTES)
     d[g, b, r]            that block's scale;  m[g, b, r] its offset (Q4_1's min; none kept where
-                          every part's offset is OFFSET_Q4 d or OFFSET_Q8 d: OFFSETS_Q4, OFFSETS_Q8)
+                          every part's offset is its kind's fixed multiple of d: OFFSETS_Q4,
+                          OFFSETS_Q5, OFFSETS_Q8)
     dh, mh                the same as the file's halves (uint16), instead of d and m, where every
                           part is one format whose scales are halves (HALF_SCALES)
 

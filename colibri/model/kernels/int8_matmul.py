@@ -215,21 +215,14 @@ def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):
 @nb.njit(inline="always", **_JIT)
 def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, out: np.ndarray,
            ds: np.ndarray, ms: np.ndarray) -> None:
-    """Rows ``GROUP g ..`` of W against every activation row (``_rows``), the kind's bit width
-    and offset decided at run time: one copy of the loops for every kind. A copy per kind, with
-    them constant, made 16 rows 12% faster but compiled 3.5-4x slower (``int8_matmul`` cold:
-    24 -> 82-106 s, and ``make test`` over its 15 minutes); not kept."""
+    """Rows ``GROUP g ..`` of W against every activation row: four rows at a time, one vector of
+    16 weight rows after the other, then the rest of the rows one at a time, both vectors at once.
+    ``ds``, ``ms``: the weight's scales and offsets, float32 or halves (d and m, or dh and mh).
+    One copy of the loops for every kind, its bit width decided at run time: a copy per kind,
+    with it constant, made 16 rows 12% faster but compiled 3.5-4x slower (docs/performance.md)."""
     bits = 4 if w.kind == KIND_Q4 else 5 if w.kind == KIND_Q5 else 8
     off = _OFF_Q4 if bits == 4 else _OFF_Q5 if bits == 5 else _OFF_Q8
-    _rows(w, g, xq, dx, sx, out, ds, ms, bits, off, w.q.shape[2])
-
-
-@nb.njit(inline="always", **_JIT)
-def _rows(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, out: np.ndarray,
-          ds: np.ndarray, ms: np.ndarray, bits: int, off: int, quads: int) -> None:
-    """``_group``'s work: four activation rows at a time, one vector of 16 weight rows after the
-    other, then the rest of the rows one at a time, both vectors at once. ``ds``, ``ms``: the
-    weight's scales and offsets, float32 or halves (d and m, or dh and mh)."""
+    quads = w.q.shape[2]
     t_rows, k = xq.shape[0], xq.shape[2]
     n_blocks = w.q.shape[1]
     per = k // n_blocks  # values per weight block: 32, or 16
