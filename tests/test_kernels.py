@@ -1,4 +1,4 @@
-"""The numba kernels against plain numpy: quantized matmul (direct and tiled paths, every supported
+"""The numba kernels against plain numpy: quantized matmul (decode and prompt rows, every supported
 block type, stacked weights), row dequantization, RMSNorm, RoPE, SwiGLU and attention."""
 
 from __future__ import annotations
@@ -47,12 +47,13 @@ def rounded_activations(x: np.ndarray) -> np.ndarray:
 
 
 def check_matmul(x: np.ndarray, weight, ref_w: np.ndarray) -> None:
-    """Every path against float64 numpy on the same numbers: packed Q4 and Q8's direct rows see
-    their activations rounded to three 8-bit levels first (the integer dot products are then exact,
-    only the scaling rounds)."""
-    direct_x = rounded_activations(x) if weight.kind in (KIND_Q4, KIND_Q8) else x
-    for n_direct in sorted({0, x.shape[0] // 2, x.shape[0]}):  # all tiled, mixed, all direct
-        seen = np.concatenate([direct_x[:n_direct], x[n_direct:]])
+    """Every split of decode and prompt rows against float64 numpy on the same numbers: packed Q4
+    and Q8's rows, decode and prompt alike, see their activations rounded to three 8-bit levels
+    first (the integer dot products are then exact, only the scaling rounds)."""
+    packed = weight.kind in (KIND_Q4, KIND_Q8)
+    direct_x = rounded_activations(x) if packed else x
+    for n_direct in sorted({0, x.shape[0] // 2, x.shape[0]}):  # all prompt rows, mixed, all decode
+        seen = direct_x if packed else np.concatenate([direct_x[:n_direct], x[n_direct:]])
         ref = seen.astype(np.float64) @ ref_w.T.astype(np.float64)
         # float32 rounding scales with the terms summed, not with a result that may cancel to ~0
         bound = 1e-4 * (np.abs(seen).astype(np.float64) @ np.abs(ref_w).T.astype(np.float64)) + 1e-6
@@ -80,21 +81,25 @@ def test_qmatmul_matches_dequantized_reference(gtype: GGMLType, n: int, k: int):
 
 
 @pytest.mark.parametrize("gtype", [GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0], ids=lambda t: t.name)
-def test_qmatmul_paths_agree_and_direct_rows_are_batch_independent(gtype: GGMLType):
-    """The two paths agree within the direct path's activation rounding (half a third-level
-    step of each value's block, times |w|) and float32's; a direct row is bitwise the same alone or batched
-    (the engine's batched greedy output must equal the output of a request run alone)."""
+def test_qmatmul_prompt_rows_are_decode_rows_and_batch_independent(gtype: GGMLType):
+    """A packed matrix's prompt rows take the decode rows' integer path: bitwise the same whether
+    a row is called a prompt or a decode row (a prompt run whole or token by token multiplies
+    alike), within the activation rounding (half a third-level step of each value's block, times
+    |w|) and float32's of the float product; a row is bitwise the same alone or batched (the
+    engine's batched greedy output must equal the output of a request run alone)."""
     rng = np.random.default_rng(5)
     raw, ref_w = quantized(rng, 300, 128, gtype)
     weight = make_weight([(raw, int(gtype))], 128)
     x = rng.standard_normal((17, 128)).astype(np.float32)
-    tiled = np.empty((17, 300), np.float32)
-    qmatmul(x, weight, tiled, 0)
+    prompt = np.empty((17, 300), np.float32)
+    qmatmul(x, weight, prompt, 0)
     direct = np.empty((17, 300), np.float32)
     qmatmul(x, weight, direct, 17)
+    assert np.array_equal(prompt, direct)
     half_step = np.repeat(np.abs(x).reshape(17, -1, 32).max(-1) / (127 * 254 * 254 * 2), 32, axis=1)
     bound = half_step @ np.abs(ref_w).T + 1e-4 * (np.abs(x) @ np.abs(ref_w).T)
-    assert np.all(np.abs(direct - tiled) <= bound), float((np.abs(direct - tiled) / bound).max())
+    exact = x.astype(np.float64) @ ref_w.T.astype(np.float64)
+    assert np.all(np.abs(direct - exact) <= bound), float((np.abs(direct - exact) / bound).max())
     assert_direct_rows_alone_equal_batched(x, weight, direct, (0, 7, 16))
 
 

@@ -127,9 +127,9 @@ def test_hparams_and_tensor_types(models, files, gtype):
 
 @pytest.mark.parametrize("gtype", [*TYPES, "q8_0-untied"])
 def test_logits_match_float64_reference(models, files, gtype):
-    """One step of 41 rows (the tiled matmul), chunks of 5 (the direct one, and the KV cache
-    across steps), and the reference; both sides use the same dequantized weights, so even the
-    4-bit files agree to float32 rounding."""
+    """One step of 41 rows, chunks of 5 (the KV cache across steps), and the reference; both
+    sides use the same dequantized weights, so even the 4-bit files agree to float32 rounding
+    (the packed kinds' activations in three 8-bit levels: float32's precision)."""
     m = models[gtype]
     ref = reference_logits(reference_weights(files[gtype]), PROMPT, 2, 4, 2)
     whole = SingleSequence(m, 256, 64).prefill(PROMPT, all_logits=True)

@@ -26,9 +26,9 @@ re-expressed as ``d q + m`` into these lanes (``colibri.store.lanes``: the Q5 fo
 file's blocks (``Kind.BLOCKS``, decoded by ``colibri.store.blocks``), no bigger than the file.
 
 Q8_0's quants are kept *biased* (``q + 128``, an unsigned byte, with ``m = -128 d``): the integer
-dot product multiplies unsigned weight bytes by signed activation bytes, and a byte converts to
-float32 in one vector instruction on the tiled path, where numba's own loops (which widen small
-integers to int64) split nibbles in float32 arithmetic (``nibbles``).
+dot product multiplies unsigned weight bytes by signed activation bytes. Rows decoded to float32
+(``dequantize_row``) split nibbles in float32 arithmetic (``nibbles``): numba's own loops widen
+small integers to int64.
 """
 
 from __future__ import annotations

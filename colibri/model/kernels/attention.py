@@ -97,7 +97,7 @@ def _decode_parallel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, la
     """The decode rows ``[0, n_direct)``: one work item per row and query head."""
     for item in nb.prange(n_direct * n_heads):
         t, h = item // n_heads, item % n_heads
-        s, position = np.int64(slots[t]), np.int64(positions[t])  # one compiled loop, whatever the dtype
+        s, position = slots[t], positions[t]
         scratch = np.empty((2, position + 1), np.float32)
         _attend_decode(q[t], k_cache[s, layer], v_cache[s, layer], position, h, h // group, out[t], scratch)
 
@@ -137,8 +137,8 @@ def attend(
     calling thread instead, where LLVM inlines and vectorizes the loop its own way, changed the
     last bit of some outputs; and one row at position 40 took 6.3 us that way against 6.0 across
     the threads). The prompt rows that follow take ``_prompt_runs``."""
-    if n_direct > 0:
-        _decode_parallel(q, k_cache, v_cache, layer, slots, positions, n_heads, n_heads // n_kv, n_direct,
-                         out)
+    if n_direct > 0:  # int64 indices whatever the caller's: one compiled decode loop, one set of bits
+        _decode_parallel(q, k_cache, v_cache, layer, slots[:n_direct].astype(np.int64),
+                         positions[:n_direct].astype(np.int64), n_heads, n_heads // n_kv, n_direct, out)
     if n_direct < q.shape[0]:
         _prompt_runs(q, k_cache, v_cache, layer, slots, positions, n_heads, n_kv, head_dim, n_direct, out)

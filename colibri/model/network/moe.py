@@ -13,7 +13,7 @@ experts and sums their outputs, weighted. The gating styles (see ``docs/architec
 
 Batched routing: in a step, each distinct expert is fetched from the ``ExpertStore`` once and
 applied once, to all the rows routed to it (gathered, decode rows first so the sub-batch takes the
-same direct/tiled split as the step; see ``qmatmul``). Each (row, rank) output lands in its own
+same decode/prompt split as the step; see ``qmatmul``). Each (row, rank) output lands in its own
 slot, and a row's outputs are summed in the row's own top-k rank order afterwards: the rounding of
 the sum depends on the row alone, never on which other rows are in the step or in what order the
 experts ran.
