@@ -50,13 +50,11 @@ def check_matmul(x: np.ndarray, weight, ref_w: np.ndarray) -> None:
     """Every split of decode and prompt rows against float64 numpy on the same numbers: packed Q4
     and Q8's rows, decode and prompt alike, see their activations rounded to three 8-bit levels
     first (the integer dot products are then exact, only the scaling rounds)."""
-    packed = weight.kind in (KIND_Q4, KIND_Q8)
-    direct_x = rounded_activations(x) if packed else x
+    seen = rounded_activations(x) if weight.kind in (KIND_Q4, KIND_Q8) else x
+    ref = seen.astype(np.float64) @ ref_w.T.astype(np.float64)
+    # float32 rounding scales with the terms summed, not with a result that may cancel to ~0
+    bound = 1e-4 * (np.abs(seen).astype(np.float64) @ np.abs(ref_w).T.astype(np.float64)) + 1e-6
     for n_direct in sorted({0, x.shape[0] // 2, x.shape[0]}):  # all prompt rows, mixed, all decode
-        seen = direct_x if packed else np.concatenate([direct_x[:n_direct], x[n_direct:]])
-        ref = seen.astype(np.float64) @ ref_w.T.astype(np.float64)
-        # float32 rounding scales with the terms summed, not with a result that may cancel to ~0
-        bound = 1e-4 * (np.abs(seen).astype(np.float64) @ np.abs(ref_w).T.astype(np.float64)) + 1e-6
         out = np.full((x.shape[0], ref_w.shape[0]), np.nan, np.float32)
         qmatmul(x, weight, out, n_direct)
         err = np.abs(out - ref)

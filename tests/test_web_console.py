@@ -136,10 +136,15 @@ def tiny_gguf(tmp_path_factory) -> Path:
     return out
 
 
+def moe_args(tiny_gguf: Path) -> tuple[str, ...]:
+    """``coli serve``'s arguments for the tiny Mixtral: every expert resident, a short context."""
+    return ("--model", str(tiny_gguf), "--ram-budget", "inf", "--ctx", "256")
+
+
 @pytest.fixture(scope="module")
 def moe_server(tiny_gguf):
     """``coli serve`` on the tiny Mixtral."""
-    with running_server("--model", str(tiny_gguf), "--ram-budget", "inf", "--ctx", "256") as srv:
+    with running_server(*moe_args(tiny_gguf)) as srv:
         _console_served(srv)
         yield srv
 
@@ -296,7 +301,7 @@ def test_expert_map_draws_and_changes_after_a_turn(page, tiny_gguf):
     expert's heat can fall in one bucket (one colour, as the page rightly draws). Shown: the page
     draws exactly the distinct cells of the server's map, before the turn and after it."""
     pg, _seen = page
-    with running_server("--model", str(tiny_gguf), "--ram-budget", "inf", "--ctx", "256") as srv:
+    with running_server(*moe_args(tiny_gguf)) as srv:
         load(pg, srv)
         expect(pg.locator("#model-name")).to_contain_text(srv.model_id)
         expect(pg.locator("#experts-panel")).to_be_visible()
@@ -410,8 +415,7 @@ def atlas_server(tiny_gguf, tmp_path_factory):
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    with running_server("--model", str(tiny_gguf), "--ram-budget", "inf", "--ctx", "256",
-                        "--state-dir", str(state)) as srv:
+    with running_server(*moe_args(tiny_gguf), "--state-dir", str(state)) as srv:
         _console_served(srv)
         yield srv
 
