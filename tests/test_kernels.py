@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from colibri.model.kernels.attention import attend, store_kv
-from colibri.model.kernels.int8_matmul import int8_matmul
+from colibri.model.kernels.int8_matmul import LEVELS, int8_matmul, quantize_rows
 from colibri.model.kernels.ops import add_into, exp_into, rmsnorm, rope, rope_frequencies, swiglu
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store.blocks import IN_PLACE
@@ -33,22 +33,41 @@ def quantized(rng: np.random.Generator, n: int, k: int, gtype: GGMLType) -> tupl
 
 
 def rounded_activations(x: np.ndarray) -> np.ndarray:
-    """x as the integer matmul sees it: three 8-bit levels per 32 values, Q8_0's rounding (scale
-    max / 127, ties to even) and then each remainder's on a step 254 times finer, in float32."""
-    blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
-    d = np.abs(blocks).max(-1, keepdims=True) / np.float32(127.0)
-    inv = np.where(d > 0, np.float32(1.0) / np.where(d > 0, d, np.float32(1.0)), np.float32(0.0))
-    rest, seen = blocks.copy(), np.zeros_like(blocks)
-    for _ in range(3):
-        part = np.clip(np.rint(rest * inv), -127, 127) * d
-        seen, rest = seen + part, rest - part
-        d, inv = d / np.float32(254.0), inv * np.float32(254.0)
-    return seen.reshape(x.shape)
+    """x as the integer matmul sees it: its own LEVELS 8-bit levels per 32 values
+    (``quantize_rows``, checked on its own by ``test_quantize_rows_levels``), summed in float64."""
+    xq, dx, _ = quantize_rows(np.ascontiguousarray(x, np.float32), 32)
+    blocks = xq.astype(np.float64).reshape(x.shape[0], LEVELS, -1, 32) * dx[..., None]
+    return blocks.sum(1).reshape(x.shape)
+
+
+def test_quantize_rows_levels():
+    """Each 32 values as LEVELS 8-bit levels: the first Q8_0's scale (max / 127) and each next 254
+    times finer, quants in [-127, 127], their integer sums per 32 and per 16 values, and the row
+    rebuilt within half a last-level step of each value (the bound the matmul tests rest on)."""
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((6, 256)).astype(np.float32) * np.float32(3.0)
+    x[1] = 0.0  # an all-zero row: zero scales, zero quants
+    x[2, :32] = np.float32(1e-30)  # tiny values
+    x[3, :64] = rng.choice(np.array([-1.5, 0.5, 127.0], np.float32), 64)  # ties and exact steps
+    x[4] *= np.float32(1e6)
+    for per in (32, 16):
+        xq, dx, sx = quantize_rows(x, per)
+        assert xq.shape == (6, LEVELS, 256) and dx.shape == sx.shape == (6, LEVELS, 256 // per)
+        assert np.abs(xq.astype(np.int32)).max() <= 127
+        assert np.array_equal(sx, xq.astype(np.int32).reshape(6, LEVELS, -1, per).sum(-1))
+        amax = np.repeat(np.abs(x).reshape(6, -1, 32).max(-1), 32 // per, axis=1)
+        np.testing.assert_allclose(dx[:, 0], amax / 127, rtol=1e-6)
+        for level in range(1, LEVELS):
+            np.testing.assert_allclose(dx[:, level], dx[:, level - 1] / 254, rtol=1e-6)
+        rebuilt = (xq.astype(np.float64).reshape(6, LEVELS, -1, per) * dx[..., None]).sum(1).reshape(6, -1)
+        half_step = np.repeat(dx[:, -1].astype(np.float64), per, axis=1) / 2
+        assert np.all(np.abs(rebuilt - x) <= half_step * 1.0001 + 1e-45)
+    assert not xq[1].any() and not dx[1].any()
 
 
 def check_matmul(x: np.ndarray, weight, ref_w: np.ndarray) -> None:
     """Every split of decode and prompt rows against float64 numpy on the same numbers: packed Q4
-    and Q8's rows, decode and prompt alike, see their activations rounded to three 8-bit levels
+    and Q8's rows, decode and prompt alike, see their activations rounded to LEVELS 8-bit levels
     first (the integer dot products are then exact, only the scaling rounds)."""
     seen = rounded_activations(x) if weight.kind in (KIND_Q4, KIND_Q8) else x
     ref = seen.astype(np.float64) @ ref_w.T.astype(np.float64)
@@ -82,7 +101,7 @@ def test_qmatmul_matches_dequantized_reference(gtype: GGMLType, n: int, k: int):
 def test_qmatmul_prompt_rows_are_decode_rows_and_batch_independent(gtype: GGMLType):
     """A packed matrix's prompt rows take the decode rows' integer path: bitwise the same whether
     a row is called a prompt or a decode row (a prompt run whole or token by token multiplies
-    alike), within the activation rounding (half a third-level step of each value's block, times
+    alike), within the activation rounding (half a last-level step of each value's block, times
     |w|) and float32's of the float product; a row is bitwise the same alone or batched (the
     engine's batched greedy output must equal the output of a request run alone)."""
     rng = np.random.default_rng(5)
@@ -94,7 +113,7 @@ def test_qmatmul_prompt_rows_are_decode_rows_and_batch_independent(gtype: GGMLTy
     direct = np.empty((17, 300), np.float32)
     qmatmul(x, weight, direct, 17)
     assert np.array_equal(prompt, direct)
-    half_step = np.repeat(np.abs(x).reshape(17, -1, 32).max(-1) / (127 * 254 * 254 * 2), 32, axis=1)
+    half_step = np.repeat(np.abs(x).reshape(17, -1, 32).max(-1) / (127 * 254 ** (LEVELS - 1) * 2), 32, axis=1)
     bound = half_step @ np.abs(ref_w).T + 1e-4 * (np.abs(x) @ np.abs(ref_w).T)
     exact = x.astype(np.float64) @ ref_w.T.astype(np.float64)
     assert np.all(np.abs(direct - exact) <= bound), float((np.abs(direct - exact) / bound).max())
@@ -106,7 +125,7 @@ GENERIC_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q6_K")
 _GENERIC_SCRIPT = """
 import sys
 import numpy as np
-from colibri.model.kernels.int8_matmul import int8_matmul
+from colibri.model.kernels.int8_matmul import LEVELS, int8_matmul, quantize_rows
 from colibri.model.kernels.simd import target_has_vnni
 from colibri.store.formats import GGMLType, quantize
 from colibri.store.packed import make_weight
@@ -373,14 +392,14 @@ def test_attention_ragged_batch_two_slots_gqa():
     hist_k = {s: rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float32) * 2 for s in (0, 1)}
     hist_v = {s: rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float32) for s in (0, 1)}
 
-    def step(slots: list[int], positions: list[int], n_direct: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def step(slots: list[int], positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
         sl, ps = np.array(slots, np.int32), np.array(positions, np.int32)
         k = np.stack([hist_k[s][p].reshape(-1) for s, p in zip(slots, positions, strict=True)])
         v = np.stack([hist_v[s][p].reshape(-1) for s, p in zip(slots, positions, strict=True)])
         store_kv(k, v, k_cache, v_cache, layer, sl, ps, n_kv, head_dim)
         q = rng.standard_normal((len(slots), n_heads * head_dim)).astype(np.float32)
         out = np.full_like(q, np.nan)
-        attend(q, k_cache, v_cache, layer, sl, ps, n_heads, n_kv, head_dim, n_direct, out)
+        attend(q, k_cache, v_cache, layer, sl, ps, n_heads, n_kv, out)
         return q, out
 
     step([1] * 7, list(range(7)))  # slot 1 already holds 7 positions
@@ -396,15 +415,15 @@ def test_attention_ragged_batch_two_slots_gqa():
     assert np.array_equal(v_cache[0, layer, :5], hist_v[0][:5])
     assert not k_cache[:, 0].any() and not k_cache[0, layer, 5:].any() and not v_cache[1, layer, 9:].any()
 
-    # decode rows of both slots first, then a prompt run of slot 0: each decode row is bitwise what
-    # it is alone, and every row matches the reference
+    # decode rows of both slots first, then a prompt run of slot 0: every row matches the reference
+    # and is bitwise what it is alone (so a prompt run whole is its run token by token)
     slots, positions = [1, 0, 0, 0, 0], [9, 5, 6, 7, 8]
-    q, out = step(slots, positions, n_direct=2)
+    q, out = step(slots, positions)
     for t, (s, p) in enumerate(zip(slots, positions, strict=True)):
         ref = attention_reference(q[t], hist_k[s][: p + 1], hist_v[s][: p + 1], n_heads, n_kv, head_dim)
         np.testing.assert_allclose(out[t], ref, rtol=1e-4, atol=1e-5)
-    for t in range(2):
+    for t in range(len(slots)):
         alone = np.full_like(q[t : t + 1], np.nan)
         row_slot, row_pos = np.array(slots[t : t + 1]), np.array(positions[t : t + 1])
-        attend(q[t : t + 1], k_cache, v_cache, layer, row_slot, row_pos, n_heads, n_kv, head_dim, 1, alone)
+        attend(q[t : t + 1], k_cache, v_cache, layer, row_slot, row_pos, n_heads, n_kv, alone)
         assert np.array_equal(alone[0], out[t])

@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 from ggml_harness import llama_matmul
-from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_matmul
+from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_matmul, rounded_activations
 
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store.blocks import IN_PLACE
@@ -215,8 +215,9 @@ def test_a_stack_of_lane_formats_packs_to_one_kind_and_is_the_concatenation(type
 
 def test_q4_k_and_q6_k_decode_rows_take_the_integer_path_on_the_blocks():
     """A Q4_K_M expert's stack (Q4_K and Q6_K parts): decode rows by ``kquant_matmul``, within
-    float32's noise of the float path that decodes every weight (``direct_blocks``), against the
-    float product and llama.cpp's own dot products; its bytes are the file's."""
+    float32's noise of the float path that decodes every weight (``direct_blocks``) on the same
+    activations (rounded to the integer path's levels), against the float product and llama.cpp's
+    own dot products; its bytes are the file's."""
     from colibri.model.kernels.block_matmul import direct_blocks
     from colibri.model.kernels.kquant_matmul import computes, kquant_matmul
 
@@ -232,7 +233,7 @@ def test_q4_k_and_q6_k_decode_rows_take_the_integer_path_on_the_blocks():
     x = rng.standard_normal((5, k)).astype(np.float32)
     ours, floats = np.empty((5, 66), np.float32), np.empty((5, 66), np.float32)
     kquant_matmul(x, weight, ours)
-    direct_blocks(x, weight, floats)
+    direct_blocks(rounded_activations(x), weight, floats)
     np.testing.assert_allclose(ours, floats, rtol=1e-5, atol=1e-5 * float(np.abs(floats).max()))
     ref = np.concatenate([w4, w6])
     for t in T_ROWS:

@@ -10,13 +10,13 @@ budget (the unbounded store's bits).
 
 The weights (MODEL): matrices N(0, (layer_std / sqrt(fan_in))^2), q/k 1/sqrt(fan_in) (soft
 attention), the embedding N(0, 1), the output N(0, output_std^2) for confident logits (std about
-11; llama.cpp's top-2 gap >= 0.5 at 80-92% of the positions). colibri multiplies float32
-activations, llama.cpp rounds them to 8 bits first (Q8_K blocks against the K-quants), which moves
+11; llama.cpp's top-2 gap >= 0.5 at 80-92% of the positions). colibri rounds the activations to
+two 8-bit levels per 32 values (15 bits), llama.cpp to one (Q8_K blocks against the K-quants), which moves
 its logits by a few percent of their spread; how much the model amplifies that is the layers' std.
 At layer_std 0.5 the layers change the embedding-only model's top-1 at ~45% of the positions and
 llama.cpp's rounding moves the top-2 logits by ~0.05 (median); at 1.0 by ~0.2, top-1 agreement
 falls to 0.93-0.98 and the rounding flips routers' near-ties, and with them decided positions, in
-half the files. On the dequantized weights (no rounding on either side) the two agree to ~5e-5.
+half the files. On the dequantized weights (llama.cpp's F32 matmuls round nothing) the two agree to ~1e-3.
 """
 
 from __future__ import annotations
@@ -57,7 +57,9 @@ PROMPT_SEED = 7
 MIN_TOP1 = 0.95  # teacher-forced top-1 agreement with llama.cpp on the same file
 MIN_DECIDED_SHARE = 0.75  # positions whose llama.cpp top-2 gap is >= DECIDED_GAP: the model is confident
 N_CTX = 64
-DEQUANTIZED_TOLERANCE = 1e-3  # max |colibri - llama.cpp on the dequantized weights|: ~5e-5 measured
+# max |colibri - llama.cpp on the dequantized weights| (logits' std ~11): 1.0-1.2e-3 measured with
+# the integer path's two activation levels (~5e-5 with three, the float product's noise)
+DEQUANTIZED_TOLERANCE = 3e-3
 # Each mixture's own type: every ffn_gate_exps / ffn_up_exps is of it; ffn_down_exps of it or of the
 # type llama.cpp bumps it to (use_more_bits layers, Q2_K's and Q3_K_M's down projections).
 MAIN_TYPE = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K", "Q3_K_M": "Q3_K", "Q2_K": "Q2_K",
@@ -192,9 +194,9 @@ def test_greedy_equals_llama_cpp_until_its_first_near_tie(compared) -> None:
 
 def test_the_logits_are_llama_cpps_on_the_dequantized_weights(compared, f32_file, tmp_path) -> None:
     """llama.cpp on an F32 file of the K-quant file's weights dequantized (F32 matmuls: nothing
-    rounds the activations) gives colibri's logits on the K-quant file to float32 rounding: colibri
-    computes with the file's weights exactly, and what the agreement above measures is llama.cpp's
-    8-bit rounding of the activations."""
+    rounds the activations) gives colibri's logits on the K-quant file within its own two-level
+    activation rounding: colibri computes with the file's weights exactly, and what the agreement
+    above measures is llama.cpp's 8-bit rounding of the activations."""
     name, path, _, runs, ours = compared
     llm = llama_model(dequantized_copy(f32_file, path, tmp_path / "dequantized.gguf"))
     for run, logits in zip(runs, ours, strict=True):

@@ -32,39 +32,9 @@ def store_kv(
 
 
 @nb.njit(**_JIT)
-def _softmax_rows(scores: np.ndarray, scale: np.float32, last: np.ndarray) -> None:
-    """Each row i of ``scores`` scaled, then softmax over its positions ``0..last[i]``; the rest 0."""
-    e = np.empty(scores.shape[1], np.float32)
-    for i in range(scores.shape[0]):
-        row, n = scores[i], last[i] + 1
-        for p in range(n):
-            row[p] *= scale
-        total = exp_from_peak(row[:n], e[:n])
-        for p in range(n):
-            row[p] = e[p] / total
-        row[n:] = 0.0
-
-
-@nb.njit(**_JIT)
-def _attend_rows(queries: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int, s: int,
-                 kh: int, last: np.ndarray) -> np.ndarray:
-    """``softmax(Q Kᵀ / sqrt(d)) V`` for query rows ``queries`` (R, head_dim) against kv head kh of
-    slot s, row i masked to positions ``0..last[i]``: two BLAS products over contiguous copies of
-    the keys and values, read once for all R rows."""
-    n = 0
-    for p in last:
-        n = max(n, p + 1)
-    keys = np.ascontiguousarray(k_cache[s, layer, :n, kh])
-    values = np.ascontiguousarray(v_cache[s, layer, :n, kh])
-    scores = np.dot(queries, keys.T)
-    _softmax_rows(scores, np.float32(1.0 / np.sqrt(queries.shape[1])), last)
-    return np.dot(scores, values)
-
-
-@nb.njit(**_JIT)
-def _attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int, h: int,
+def _attend_row(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int, h: int,
                    kh: int, out: np.ndarray, scratch: np.ndarray) -> None:
-    """One decode row's query head ``h`` (``q``: the row) against kv head kh of its slot and layer
+    """One row's query head ``h`` (``q``: the row) against kv head kh of its slot and layer
     (``keys``, ``values``: [position, kv_head, dim]) over positions ``0..position``, into ``out``
     (the row); ``scratch``: float32 [2, > position].
 
@@ -91,54 +61,33 @@ def _attend_decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position
 
 
 @nb.njit(parallel=True, **_JIT)
-def _decode_parallel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int,
-                     slots: np.ndarray, positions: np.ndarray, n_heads: int, group: int,
-                     n_direct: int, out: np.ndarray) -> None:
-    """The decode rows ``[0, n_direct)``: one work item per row and query head."""
-    for item in nb.prange(n_direct * n_heads):
+def _rows_parallel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int,
+                   slots: np.ndarray, positions: np.ndarray, n_heads: int, group: int,
+                   out: np.ndarray) -> None:
+    """Every row: one work item per row and query head."""
+    for item in nb.prange(q.shape[0] * n_heads):
         t, h = item // n_heads, item % n_heads
         s, position = slots[t], positions[t]
         scratch = np.empty((2, position + 1), np.float32)
-        _attend_decode(q[t], k_cache[s, layer], v_cache[s, layer], position, h, h // group, out[t], scratch)
-
-
-@nb.njit(parallel=True, **_JIT)
-def _prompt_runs(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int,
-                 slots: np.ndarray, positions: np.ndarray, n_heads: int, n_kv: int, head_dim: int,
-                 n_direct: int, out: np.ndarray) -> None:
-    """The prompt rows ``[n_direct, T)``, as runs of one slot each (a prefill chunk): per run and
-    query head, the scores of all its rows are one matrix product, and so is their sum of values."""
-    group = n_heads // n_kv
-    starts = np.empty(q.shape[0] - n_direct + 1, np.int64)
-    n_runs = 0
-    for t in range(n_direct, q.shape[0]):
-        if t == n_direct or slots[t] != slots[t - 1]:
-            starts[n_runs] = t
-            n_runs += 1
-    starts[n_runs] = q.shape[0]
-    for item in nb.prange(n_runs * n_heads):
-        r, h = item // n_heads, item % n_heads
-        t0, t1 = starts[r], starts[r + 1]
-        cols = slice(h * head_dim, (h + 1) * head_dim)
-        out[t0:t1, cols] = _attend_rows(np.ascontiguousarray(q[t0:t1, cols]), k_cache, v_cache, layer,
-                                        slots[t0], h // group, positions[t0:t1])
+        _attend_row(q[t], k_cache[s, layer], v_cache[s, layer], position, h, h // group, out[t], scratch)
 
 
 @nb.njit(**_JIT)
 def attend(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int,
-    slots: np.ndarray, positions: np.ndarray, n_heads: int, n_kv: int, head_dim: int,
-    n_direct: int, out: np.ndarray,
+    slots: np.ndarray, positions: np.ndarray, n_heads: int, n_kv: int, out: np.ndarray,
 ) -> None:
     """``out[t, head] = softmax(q·K / sqrt(d)) · V`` over the row's slot, causally.
 
-    A decode row (``[0, n_direct)``) is computed on its own, one query head per work item, by the
-    same compiled loop whatever the batch (so its bits are too: running small batches on the
-    calling thread instead, where LLVM inlines and vectorizes the loop its own way, changed the
-    last bit of some outputs; and one row at position 40 took 6.3 us that way against 6.0 across
-    the threads). The prompt rows that follow take ``_prompt_runs``."""
-    if n_direct > 0:  # int64 indices whatever the caller's: one compiled decode loop, one set of bits
-        _decode_parallel(q, k_cache, v_cache, layer, slots[:n_direct].astype(np.int64),
-                         positions[:n_direct].astype(np.int64), n_heads, n_heads // n_kv, n_direct, out)
-    if n_direct < q.shape[0]:
-        _prompt_runs(q, k_cache, v_cache, layer, slots, positions, n_heads, n_kv, head_dim, n_direct, out)
+    Every row, decode or prompt, is computed on its own, one query head per work item, by the
+    same compiled loop whatever the batch, so its bits are too: a prompt run whole, in chunks or
+    token by token gives bitwise the same attention (and, with the matmuls' integer path, the
+    same logits). Prompt runs took two BLAS products per run and head until 2026-12-05: ~15% of
+    a 512-token prefill faster, but their rows differed from the decode loop's in the last bits
+    (8e-5 in the logits), which two activation levels then amplified (docs/performance.md).
+    Small batches on the calling
+    thread instead, where LLVM inlines and vectorizes the loop its own way, changed the last bit
+    of some outputs."""
+    # int64 indices whatever the caller's: one compiled loop, one set of bits
+    _rows_parallel(q, k_cache, v_cache, layer, slots.astype(np.int64), positions.astype(np.int64),
+                   n_heads, n_heads // n_kv, out)

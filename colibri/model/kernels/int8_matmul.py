@@ -1,16 +1,17 @@
 """``out = x @ W.T`` for packed Q4, Q5 and Q8 weights and a few activation rows (decode): integer dot
 products on 8-bit activations.
 
-Each activation row is first written as three 8-bit levels per 32 values,
-``x ~ d1 q1 + d2 q2 + d3 q3``: ``q1`` llama.cpp's Q8_0 rounding (ties to even; ``d1 = max|x|``
-times float32's 1/127, an ulp from Q8_0's ``max|x| / 127`` in a few blocks), each next level the
-remainder rounded again on a step 254 times finer. Every weight block
-is then three exact integer dot products (``simd.dpbusd``: 64 u8 x s8 products an instruction),
-scaled once in float32 by the blocks' scales. One level alone (llama.cpp's way) moved the default
-model's logits by up to 2 between a prompt run whole and token by token (a hair's difference
-before rounding flips a quant, and 30 layers amplify it), two levels by 0.007; three keep a
-decode row within float32's noise of the float product. The extra levels cost a dot product per
-weight vector each and no memory traffic, which is what a decode step waits on.
+Each activation row is first written as two 8-bit levels per 32 values, ``x ~ d1 q1 + d2 q2``:
+``q1`` llama.cpp's Q8_0 rounding (ties to even; ``d1 = max|x|`` times float32's 1/127, an ulp from
+Q8_0's ``max|x| / 127`` in a few blocks), ``q2`` the remainder rounded again on a step 254 times
+finer. Every weight block is then two exact integer dot products (``simd.dpbusd``: 64 u8 x s8
+products an instruction), scaled once in float32 by the blocks' scales. One level alone
+(llama.cpp's way) flips the default model's top token against llama.cpp's own at a logit gap
+of 0.3 or more (``tests/test_golden.py``); two pass every golden test, and a third (float32's
+precision, kept until 2026-12-05) cost a third of the dot products at 16 rows, which the step is
+bound by there. A prompt run whole, in chunks or token by token gives bitwise the same rows
+(every row takes these steps, and attention is the decode loop's for all rows), so the levels
+need not hide a difference between two paths.
 
 In the packed layout (``colibri.store.packed``) the 4 bytes of a 32-bit lane are four consecutive
 quants of one weight row and a vector's 16 lanes are 16 rows: a block needs no horizontal sum,
@@ -58,7 +59,7 @@ from colibri.store.packed import (
 )
 
 _JIT = JIT_OPTIONS
-# Activation rows sharing one load of a weight vector: 4 rows keep 12 integer (a sum per level)
+# Activation rows sharing one load of a weight vector: 4 rows keep 8 integer (a sum per level)
 # and 4 float accumulators, the weights and their nibbles in registers (32 on AVX-512).
 ROWS = 4
 # Bytes of a packed block's quad p, across a group's rows: GROUP rows x 4 bytes.
@@ -71,11 +72,10 @@ assert _OFF_Q4 == OFFSET_Q4 and _OFF_Q5 == OFFSET_Q5 and _OFF_Q8 == OFFSET_Q8
 Q_MAX = np.float32(127.0)
 FINER = np.float32(254.0)
 INV_Q_MAX, INV_FINER = np.float32(1.0) / Q_MAX, np.float32(1.0) / FINER
-# Levels of 8-bit activation quants: three reach float32's own precision (127 x 254 x 254 steps
-# per block's range, 23 bits), so that a decode row is its prompt row's float product within
-# float32's noise (``tests/test_golden.py``: a prompt run token by token is the prompt run whole).
-# ``_dot`` and ``_scaled`` below are written out for three.
-LEVELS = 3
+# Levels of 8-bit activation quants: two (127 x 254 steps per block's range, ~15 bits). One
+# failed the golden tests against llama.cpp, three cost a third more dot products (see above).
+# ``_dot`` and ``_scaled`` below are written out for two.
+LEVELS = 2
 
 
 @nb.njit(**_JIT)
@@ -123,27 +123,24 @@ def _level(acc, isum, dw, dl: float):  # noqa: ANN001, ANN202
 
 
 @nb.njit(inline="always", **_JIT)
-def _scaled(acc, i1, i2, i3, dw, mw, stored_m: bool, dx: np.ndarray, sx: np.ndarray, t: int, b: int,  # noqa: ANN001, ANN202
+def _scaled(acc, i1, i2, dw, mw, stored_m: bool, dx: np.ndarray, sx: np.ndarray, t: int, b: int,  # noqa: ANN001, ANN202
             off: int):
     """``acc`` plus one block's integer sums of row ``t``, one per level, scaled by the block's
     weight scales ``dw`` and offsets ``mw``: ``d dl (il + off sl)`` per level l where the offset is
-    derived (not ``stored_m``), else ``d dl il`` per level and ``m (d1 s1 + d2 s2 + d3 s3)``."""
+    derived (not ``stored_m``), else ``d dl il`` per level and ``m (d1 s1 + d2 s2)``."""
     if not stored_m:
         acc = _level(acc, add_int(i1, splat_int(off * sx[t, 0, b])), dw, dx[t, 0, b])
-        acc = _level(acc, add_int(i2, splat_int(off * sx[t, 1, b])), dw, dx[t, 1, b])
-        return _level(acc, add_int(i3, splat_int(off * sx[t, 2, b])), dw, dx[t, 2, b])
-    acc = _level(_level(_level(acc, i1, dw, dx[t, 0, b]), i2, dw, dx[t, 1, b]), i3, dw, dx[t, 2, b])
-    xsum = (dx[t, 0, b] * np.float32(sx[t, 0, b]) + dx[t, 1, b] * np.float32(sx[t, 1, b])
-            + dx[t, 2, b] * np.float32(sx[t, 2, b]))
+        return _level(acc, add_int(i2, splat_int(off * sx[t, 1, b])), dw, dx[t, 1, b])
+    acc = _level(_level(acc, i1, dw, dx[t, 0, b]), i2, dw, dx[t, 1, b])
+    xsum = dx[t, 0, b] * np.float32(sx[t, 0, b]) + dx[t, 1, b] * np.float32(sx[t, 1, b])
     return fma_float(mw, splat_float(xsum), acc)
 
 
 @nb.njit(inline="always", **_JIT)
-def _dot(i1, i2, i3, w, xqf, at: int, k: int):  # noqa: ANN001, ANN202
+def _dot(i1, i2, w, xqf, at: int, k: int):  # noqa: ANN001, ANN202
     """Each level's sum plus one weight vector times that level's activation quad at ``at``
     (levels ``k`` bytes apart)."""
-    return (dpbusd(i1, w, load_quad(xqf, at)), dpbusd(i2, w, load_quad(xqf, at + k)),
-            dpbusd(i3, w, load_quad(xqf, at + 2 * k)))
+    return dpbusd(i1, w, load_quad(xqf, at)), dpbusd(i2, w, load_quad(xqf, at + k))
 
 
 @nb.njit(inline="always", **_JIT)
@@ -161,7 +158,7 @@ def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  
     level's integer sum per vector, from zero sums ``z``. Both vectors take the same steps as in
     ``_four_blocks``; here they share the activation loads and read the group's bytes in order.
     ``bits``: 4 or 5 (two quants a byte, Q5's fifth bits in the block's last quad) or 8."""
-    a1 = a2 = a3 = c1 = c2 = c3 = z
+    a1 = a2 = c1 = c2 = z
     hv = hu = z
     if bits == 5:
         hv = load_bytes(qf, base + (quads - 1) * QUAD_BYTES)
@@ -172,22 +169,22 @@ def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  
         if bits != 8:
             at, ah = x0 + 4 * p, x0 + BLOCK // 2 + 4 * p
             lo, hi = _halves(v, hv, p, bits)
-            a1, a2, a3 = _dot(a1, a2, a3, lo, xqf, at, k)
-            a1, a2, a3 = _dot(a1, a2, a3, hi, xqf, ah, k)
+            a1, a2 = _dot(a1, a2, lo, xqf, at, k)
+            a1, a2 = _dot(a1, a2, hi, xqf, ah, k)
             lo, hi = _halves(u, hu, p, bits)
-            c1, c2, c3 = _dot(c1, c2, c3, lo, xqf, at, k)
-            c1, c2, c3 = _dot(c1, c2, c3, hi, xqf, ah, k)
+            c1, c2 = _dot(c1, c2, lo, xqf, at, k)
+            c1, c2 = _dot(c1, c2, hi, xqf, ah, k)
         else:
-            a1, a2, a3 = _dot(a1, a2, a3, v, xqf, x0 + 4 * p, k)
-            c1, c2, c3 = _dot(c1, c2, c3, u, xqf, x0 + 4 * p, k)
-    return a1, a2, a3, c1, c2, c3
+            a1, a2 = _dot(a1, a2, v, xqf, x0 + 4 * p, k)
+            c1, c2 = _dot(c1, c2, u, xqf, x0 + 4 * p, k)
+    return a1, a2, c1, c2
 
 
 @nb.njit(inline="always", **_JIT)
 def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
     """``_row_block`` for four activation rows (``LEVELS k`` apart in ``xqf``), each weight vector
     loaded and split once. Each row's sums take ``_row_block``'s steps."""
-    a1 = a2 = a3 = b1 = b2 = b3 = c1 = c2 = c3 = e1 = e2 = e3 = z
+    a1 = a2 = b1 = b2 = c1 = c2 = e1 = e2 = z
     r = LEVELS * k
     h = load_bytes(qf, base + (quads - 1) * QUAD_BYTES) if bits == 5 else z
     for p in range(quads - 1 if bits == 5 else quads):
@@ -195,21 +192,21 @@ def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):
         if bits != 8:
             lo, hi = _halves(v, h, p, bits)
             at, ah = x0 + 4 * p, x0 + BLOCK // 2 + 4 * p
-            a1, a2, a3 = _dot(a1, a2, a3, lo, xqf, at, k)
-            a1, a2, a3 = _dot(a1, a2, a3, hi, xqf, ah, k)
-            b1, b2, b3 = _dot(b1, b2, b3, lo, xqf, at + r, k)
-            b1, b2, b3 = _dot(b1, b2, b3, hi, xqf, ah + r, k)
-            c1, c2, c3 = _dot(c1, c2, c3, lo, xqf, at + 2 * r, k)
-            c1, c2, c3 = _dot(c1, c2, c3, hi, xqf, ah + 2 * r, k)
-            e1, e2, e3 = _dot(e1, e2, e3, lo, xqf, at + 3 * r, k)
-            e1, e2, e3 = _dot(e1, e2, e3, hi, xqf, ah + 3 * r, k)
+            a1, a2 = _dot(a1, a2, lo, xqf, at, k)
+            a1, a2 = _dot(a1, a2, hi, xqf, ah, k)
+            b1, b2 = _dot(b1, b2, lo, xqf, at + r, k)
+            b1, b2 = _dot(b1, b2, hi, xqf, ah + r, k)
+            c1, c2 = _dot(c1, c2, lo, xqf, at + 2 * r, k)
+            c1, c2 = _dot(c1, c2, hi, xqf, ah + 2 * r, k)
+            e1, e2 = _dot(e1, e2, lo, xqf, at + 3 * r, k)
+            e1, e2 = _dot(e1, e2, hi, xqf, ah + 3 * r, k)
         else:
             at = x0 + 4 * p
-            a1, a2, a3 = _dot(a1, a2, a3, v, xqf, at, k)
-            b1, b2, b3 = _dot(b1, b2, b3, v, xqf, at + r, k)
-            c1, c2, c3 = _dot(c1, c2, c3, v, xqf, at + 2 * r, k)
-            e1, e2, e3 = _dot(e1, e2, e3, v, xqf, at + 3 * r, k)
-    return a1, a2, a3, b1, b2, b3, c1, c2, c3, e1, e2, e3
+            a1, a2 = _dot(a1, a2, v, xqf, at, k)
+            b1, b2 = _dot(b1, b2, v, xqf, at + r, k)
+            c1, c2 = _dot(c1, c2, v, xqf, at + 2 * r, k)
+            e1, e2 = _dot(e1, e2, v, xqf, at + 3 * r, k)
+    return a1, a2, b1, b2, c1, c2, e1, e2
 
 
 @nb.njit(inline="always", **_JIT)
@@ -239,15 +236,15 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
             for b in range(n_blocks):
                 blk = g * n_blocks + b
                 at = blk * GROUP + lane0
-                a1, a2, a3, b1, b2, b3, c1, c2, c3, e1, e2, e3 = _four_blocks(
+                a1, a2, b1, b2, c1, c2, e1, e2 = _four_blocks(
                     z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, LEVELS * t * k + b * per, k,
                     bits)
                 dw = load_scales(df, at)
                 mw = load_scales(mf, at) if stored_m else dw
-                a = _scaled(a, a1, a2, a3, dw, mw, stored_m, dx, sx, t, b, off)
-                b_ = _scaled(b_, b1, b2, b3, dw, mw, stored_m, dx, sx, t + 1, b, off)
-                c = _scaled(c, c1, c2, c3, dw, mw, stored_m, dx, sx, t + 2, b, off)
-                e = _scaled(e, e1, e2, e3, dw, mw, stored_m, dx, sx, t + 3, b, off)
+                a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, t, b, off)
+                b_ = _scaled(b_, b1, b2, dw, mw, stored_m, dx, sx, t + 1, b, off)
+                c = _scaled(c, c1, c2, dw, mw, stored_m, dx, sx, t + 2, b, off)
+                e = _scaled(e, e1, e2, dw, mw, stored_m, dx, sx, t + 3, b, off)
             store_floats(out, t, r0 + lane0, a, n_out)
             store_floats(out, t + 1, r0 + lane0, b_, n_out)
             store_floats(out, t + 2, r0 + lane0, c, n_out)
@@ -257,14 +254,14 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
         a, c = zeros_float(), zeros_float()
         for b in range(n_blocks):
             blk = g * n_blocks + b
-            a1, a2, a3, c1, c2, c3 = _row_block(z, qf, blk * quads * QUAD_BYTES, quads,
+            a1, a2, c1, c2 = _row_block(z, qf, blk * quads * QUAD_BYTES, quads,
                                                 xqf, LEVELS * t * k + b * per, k, bits)
             at = blk * GROUP
             dw, du = load_scales(df, at), load_scales(df, at + LANES)
             mw = load_scales(mf, at) if stored_m else dw
             mu = load_scales(mf, at + LANES) if stored_m else du
-            a = _scaled(a, a1, a2, a3, dw, mw, stored_m, dx, sx, t, b, off)
-            c = _scaled(c, c1, c2, c3, du, mu, stored_m, dx, sx, t, b, off)
+            a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, t, b, off)
+            c = _scaled(c, c1, c2, du, mu, stored_m, dx, sx, t, b, off)
         store_floats(out, t, r0, a, n_lo)
         store_floats(out, t, r0 + LANES, c, n_hi)
         t += 1

@@ -7,9 +7,11 @@ first (``block_matmul``), which made a Q4_K_M MoE's decode ~20x slower than its 
 weight row is read as llama.cpp's CPU kernels read it: per 256-value super-block, 64 quant bytes
 a vector, one ``vpdpbusd`` per vector and activation level, the block's scales applied per lane
 (one vector of a super-block's scales, spread over the lanes by a shuffle), the lanes summed once
-at the row's end. The activations are the integer path's (``int8_matmul``): three 8-bit levels per
-32 values, so a row's result is the float product's within float32's noise; the offsets (Q4_K's
-``dmin m``, Q6_K's ``-32``) are applied to the exact float sums of the activations. Each
+at the row's end. The activations are the integer path's (``int8_matmul``): two 8-bit levels per
+32 values (``int8_matmul.LEVELS``); the offsets (Q4_K's ``dmin m``, Q6_K's ``-32``) are applied
+to the sums of those same rounded activations, so a row is the float product of the weights and
+the rounded row (the exact row's sums instead put the rounding error on ``q``, 0..63, rather
+than on the centred weight: 0.065 against 0.0005 off that product in a Q6_K test row). Each
 (activation row, weight row) takes the same steps whatever the batch, so a result does not depend
 on the other rows of the step.
 
@@ -98,13 +100,12 @@ def _lane_scales(dx: np.ndarray, runs: np.ndarray, out: np.ndarray) -> None:
 
 @nb.njit(inline="always", **_JIT)
 def _vector(acc, wv, xqf: np.ndarray, xa: int, k: int, dvf: np.ndarray, at: int, ws):  # noqa: ANN001, ANN202
-    """``acc`` plus one weight vector's products: per level, the exact integer sums against the
+    """``acc`` plus one weight vector's products: per level (two), the exact integer sums against the
     64 activation quants at ``xa`` (in the vector's lane order) times that level's lane scales,
     then the weights' scales ``ws``, rounded in that order whatever the batch."""
     z = zeros_int()
     p = mul_float(to_float(dpbusd(z, wv, load_bytes(xqf, xa))), load_floats(dvf, at))
     p = fma_float(to_float(dpbusd(z, wv, load_bytes(xqf, xa + k))), load_floats(dvf, at + 16), p)
-    p = fma_float(to_float(dpbusd(z, wv, load_bytes(xqf, xa + 2 * k))), load_floats(dvf, at + 32), p)
     return fma_float(p, ws, acc)
 
 
@@ -114,7 +115,8 @@ def _q4_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: 
     """One Q4_K row at ``raw[at:]`` against the activation row whose quants, in Q4_K's run order
     (``Q4K_ORDER``), start at ``x0``: ``sum d sc_j (q . x) - dmin m_j sum(x)`` over the 32-value
     sub-blocks j. The eight 6-bit scales and mins come out of their 12 bytes as three words, as
-    llama.cpp unpacks them; the mins' term is one vector product with ``-sum(x)`` (``xsm``)."""
+    llama.cpp unpacks them; the mins' term is one vector product with ``-sum(x)`` (``xsm``, of
+    the rounded activations)."""
     acc = zeros_float()
     for sb in range(n_sb):
         base = at + sb * Q4_K_SIZE
@@ -161,7 +163,7 @@ def _q6_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: 
 @nb.njit(**_JIT)
 def _prepare(x: np.ndarray, w: Weight, xq: np.ndarray, xq4: np.ndarray, dv4: np.ndarray,
              dv6: np.ndarray, xsm: np.ndarray, xso: np.ndarray) -> None:
-    """The activation rows as the vectors of ``w``'s formats take them: the three levels of quants
+    """The activation rows as the vectors of ``w``'s formats take them: the levels of quants
     (in Q4_K's run order where it has Q4_K parts), each vector's lane scales, and the offsets'
     sums. Not in the parallel function: numba would make each of its array copies a parallel
     region of its own."""
@@ -180,8 +182,11 @@ def _prepare(x: np.ndarray, w: Weight, xq: np.ndarray, xq4: np.ndarray, dv4: np.
             _lane_scales(dx[t], Q6K_RUNS, dv6[t])
             for j in range(k // 16):
                 s = np.float32(0.0)
-                for i in range(16 * j, 16 * j + 16):
-                    s += x[t, i]
+                for lv in range(LEVELS):
+                    total = 0  # the level's quants, an exact integer sum
+                    for i in range(16 * j, 16 * j + 16):
+                        total += np.int32(xq[t, lv, i])
+                    s += dx[t, lv, j // 2] * np.float32(total)
                 xso[t, j] = np.float32(-32.0) * s
         if not q4_k:
             continue
@@ -194,8 +199,8 @@ def _prepare(x: np.ndarray, w: Weight, xq: np.ndarray, xq4: np.ndarray, dv4: np.
                         xq4[t, lv, dst + i] = xq[t, lv, src + i]
         for j in range(k // BLOCK):
             s = np.float32(0.0)
-            for i in range(BLOCK * j, BLOCK * j + BLOCK):
-                s += x[t, i]
+            for lv in range(LEVELS):
+                s += dx[t, lv, j] * np.float32(sx[t, lv, j])
             xsm[t, (j // 8) * 16 + j % 8] = -s
 
 

@@ -5,7 +5,8 @@
 A layer: ``x += attention(rmsnorm(x))``, then ``x += ffn(rmsnorm(x, <ffn norm>))``, the FFN being a
 dense SwiGLU (one compiled call for the whole layer) or the layer's experts (the attention call, the
 routing, one call per distinct expert of the step; ``moe.py``). A forward step is a ragged batch:
-rows ``[0, n_direct)`` are decode rows (the matmuls' direct path), the rest prompt rows (tiled).
+rows ``[0, n_direct)`` are decode rows, the rest prompt rows (which differ only for float and
+in-place block weights: packed matrices and attention take every row alike).
 """
 
 from __future__ import annotations

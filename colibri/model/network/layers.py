@@ -3,9 +3,9 @@ and the dense SwiGLU feed-forward, each loaded from the file and computed by one
 
 ``decoder.py`` runs them layer by layer; an architecture's subclass only says how its layers differ.
 A forward step is a ragged batch (see ``docs/architecture.md``): row t is token ``tokens[t]`` of KV
-slot ``slots[t]`` at ``positions[t]``; rows ``[0, n_direct)`` are decode rows, which take the
-matmuls' direct path, the rest prompt rows (tiled). A row's result never depends on the other rows
-of the step.
+slot ``slots[t]`` at ``positions[t]``; rows ``[0, n_direct)`` are decode rows, the rest prompt
+rows (only float and in-place block weights take them apart, ``quant_matmul``). A row's result never
+depends on the other rows of the step.
 """
 
 from __future__ import annotations
@@ -88,8 +88,7 @@ def attention(
     rope(k, positions, sh.n_kv, sh.head_dim, inv_freq, sh.neox)
     store_kv(k, v, k_cache, v_cache, layer, slots, positions, sh.n_kv, sh.head_dim)
     attn = np.empty((t_rows, q_dim), np.float32)
-    attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, sh.head_dim, n_direct,
-           attn)
+    attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, attn)
     qmatmul(attn, a.wo, h, n_direct)
     add_into(x, h)
 
