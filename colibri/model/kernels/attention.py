@@ -82,7 +82,7 @@ def attend(
     Every row, decode or prompt, is computed on its own, one query head per work item, by the
     same compiled loop whatever the batch, so its bits are too: a prompt run whole, in chunks or
     token by token gives bitwise the same attention (and, with the matmuls' integer path, the
-    same logits). Prompt runs took two BLAS products per run and head until 2026-12-05: ~15% of
+    same logits). Prompt runs took two BLAS products per run and head until 2026-12-04: ~15% of
     a 512-token prefill faster, but their rows differed from the decode loop's in the last bits
     (8e-5 in the logits), which two activation levels then amplified (docs/performance.md).
     Small batches on the calling

@@ -8,7 +8,7 @@ finer. Every weight block is then two exact integer dot products (``simd.dpbusd`
 products an instruction), scaled once in float32 by the blocks' scales. One level alone
 (llama.cpp's way) flips the default model's top token against llama.cpp's own at a logit gap
 of 0.3 or more (``tests/test_golden.py``); two pass every golden test, and a third (float32's
-precision, kept until 2026-12-05) cost a third of the dot products at 16 rows, which the step is
+precision, kept until 2026-12-04) cost a third of the dot products at 16 rows, which the step is
 bound by there. A prompt run whole, in chunks or token by token gives bitwise the same rows
 (every row takes these steps, and attention is the decode loop's for all rows), so the levels
 need not hide a difference between two paths.
