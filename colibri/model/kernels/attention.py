@@ -33,7 +33,7 @@ def store_kv(
 
 @nb.njit(**_JIT)
 def _attend_row(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int, h: int,
-                   kh: int, out: np.ndarray, scratch: np.ndarray) -> None:
+                kh: int, out: np.ndarray, scratch: np.ndarray) -> None:
     """One row's query head ``h`` (``q``: the row) against kv head kh of its slot and layer
     (``keys``, ``values``: [position, kv_head, dim]) over positions ``0..position``, into ``out``
     (the row); ``scratch``: float32 [2, > position].
@@ -89,9 +89,8 @@ def attend(
     same logits). Prompt runs took two BLAS products per run and head until 2026-12-04: ~15% of
     a 512-token prefill faster, but their rows differed from the decode loop's in the last bits
     (8e-5 in the logits), which two activation levels then amplified (docs/performance.md).
-    Small batches on the calling
-    thread instead, where LLVM inlines and vectorizes the loop its own way, changed the last bit
-    of some outputs."""
+    Small batches on the calling thread instead, where LLVM inlines and vectorizes the loop its
+    own way, changed the last bit of some outputs."""
     # int64 indices whatever the caller's: one compiled loop, one set of bits
     _rows_parallel(q, k_cache, v_cache, layer, slots.astype(np.int64), positions.astype(np.int64),
                    n_heads, n_heads // n_kv, out)
