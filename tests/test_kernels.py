@@ -17,7 +17,15 @@ from colibri.model.kernels.ops import add_into, exp_into, rmsnorm, rope, rope_fr
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store.blocks import IN_PLACE
 from colibri.store.formats import BLOCK_GEOMETRY, SUPPORTED, GGMLType, dequantize, quantize
-from colibri.store.packed import KIND_F32, KIND_Q4, KIND_Q8, dequantize_row, make_weight, packed_nbytes
+from colibri.store.packed import (
+    KIND_F32,
+    KIND_Q4,
+    KIND_Q5,
+    KIND_Q8,
+    dequantize_row,
+    make_weight,
+    packed_nbytes,
+)
 
 TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1]
 
@@ -66,10 +74,10 @@ def test_quantize_rows_levels():
 
 
 def check_matmul(x: np.ndarray, weight, ref_w: np.ndarray) -> None:
-    """Every split of decode and prompt rows against float64 numpy on the same numbers: packed Q4
-    and Q8's rows, decode and prompt alike, see their activations rounded to LEVELS 8-bit levels
+    """Every split of decode and prompt rows against float64 numpy on the same numbers: packed Q4,
+    Q5 and Q8's rows, decode and prompt alike, see their activations rounded to LEVELS 8-bit levels
     first (the integer dot products are then exact, only the scaling rounds)."""
-    seen = rounded_activations(x) if weight.kind in (KIND_Q4, KIND_Q8) else x
+    seen = rounded_activations(x) if weight.kind in (KIND_Q4, KIND_Q5, KIND_Q8) else x
     ref = seen.astype(np.float64) @ ref_w.T.astype(np.float64)
     # float32 rounding scales with the terms summed, not with a result that may cancel to ~0
     bound = 1e-4 * (np.abs(seen).astype(np.float64) @ np.abs(ref_w).T.astype(np.float64)) + 1e-6
@@ -125,7 +133,7 @@ GENERIC_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q6_K")
 _GENERIC_SCRIPT = """
 import sys
 import numpy as np
-from colibri.model.kernels.int8_matmul import LEVELS, int8_matmul, quantize_rows
+from colibri.model.kernels.int8_matmul import int8_matmul
 from colibri.model.kernels.simd import target_has_vnni
 from colibri.store.formats import GGMLType, quantize
 from colibri.store.packed import make_weight

@@ -233,7 +233,7 @@ def test_q4_k_and_q6_k_decode_rows_take_the_integer_path_on_the_blocks():
     x = rng.standard_normal((5, k)).astype(np.float32)
     ours, floats = np.empty((5, 66), np.float32), np.empty((5, 66), np.float32)
     kquant_matmul(x, weight, ours)
-    direct_blocks(rounded_activations(x), weight, floats)
+    direct_blocks(rounded_activations(x).astype(np.float32), weight, floats)
     np.testing.assert_allclose(ours, floats, rtol=1e-5, atol=1e-5 * float(np.abs(floats).max()))
     ref = np.concatenate([w4, w6])
     for t in T_ROWS:

@@ -151,10 +151,11 @@ def test_logits_match_float64_reference(models, files, gtype):
     measured). The packed kinds' activations are rounded to the integer path's two levels, on
     both sides; where a float32 value and its float64 twin round apart, they differ by a whole
     last-level step, so these agree to 1.0-1.3e-3 (measured; the rounding alone moves the logits
-    by 2.4e-3, std 2.4), bounded at 2.5e-3. A prompt run in chunks is bitwise the run whole."""
+    by 2.4e-3, std 2.4, which this bound would catch), bounded at 1.8e-3. A prompt run in chunks
+    is bitwise the run whole."""
     m = models[gtype]
     levels = LEVELS if gtype.startswith("q") else 0
-    bound = 2.5e-3 if levels else 1e-3
+    bound = 1.8e-3 if levels else 1e-3
     ref = reference_logits(reference_weights(files[gtype]), PROMPT, 2, 4, 2, levels)
     whole = SingleSequence(m, 256, 64).prefill(PROMPT, all_logits=True)
     chunked = SingleSequence(m, 256, 5).prefill(PROMPT, all_logits=True)

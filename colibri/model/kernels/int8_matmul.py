@@ -9,9 +9,10 @@ products an instruction), scaled once in float32 by the blocks' scales. One leve
 (llama.cpp's way) flips the default model's top token against llama.cpp's own at a logit gap
 of 0.3 or more (``tests/test_golden.py``); two pass every golden test, and a third (float32's
 precision, kept until 2026-12-04) cost a third of the dot products at 16 rows, which the step is
-bound by there. A prompt run whole, in chunks or token by token gives bitwise the same rows
-(every row takes these steps, and attention is the decode loop's for all rows), so the levels
-need not hide a difference between two paths.
+bound by there. A packed matrix's prompt run whole, in chunks or token by token gives bitwise the
+same rows (every row takes these steps, and attention is the decode loop's for all rows), so the
+levels need not hide a difference between two paths (they still do for the expert store's
+in-place K-quants, whose prompt rows are float: ``block_matmul``).
 
 In the packed layout (``colibri.store.packed``) the 4 bytes of a 32-bit lane are four consecutive
 quants of one weight row and a vector's 16 lanes are 16 rows: a block needs no horizontal sum,
@@ -73,9 +74,10 @@ Q_MAX = np.float32(127.0)
 FINER = np.float32(254.0)
 INV_Q_MAX, INV_FINER = np.float32(1.0) / Q_MAX, np.float32(1.0) / FINER
 # Levels of 8-bit activation quants: two (127 x 254 steps per block's range, ~15 bits). One
-# failed the golden tests against llama.cpp, three cost a third more dot products (see above).
-# ``_dot`` and ``_scaled`` below are written out for two.
+# failed the golden tests against llama.cpp, three cost half as many dot products again (see
+# above). ``_dot``, ``_scaled``, ``_row_block`` and ``_four_blocks`` are written out for two.
 LEVELS = 2
+assert LEVELS == 2, "the kernels below are written out for two levels"
 
 
 @nb.njit(**_JIT)
@@ -255,7 +257,7 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
         for b in range(n_blocks):
             blk = g * n_blocks + b
             a1, a2, c1, c2 = _row_block(z, qf, blk * quads * QUAD_BYTES, quads,
-                                                xqf, LEVELS * t * k + b * per, k, bits)
+                                        xqf, LEVELS * t * k + b * per, k, bits)
             at = blk * GROUP
             dw, du = load_scales(df, at), load_scales(df, at + LANES)
             mw = load_scales(mf, at) if stored_m else dw

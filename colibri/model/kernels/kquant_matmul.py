@@ -12,9 +12,8 @@ at the row's end. The activations are the integer path's (``int8_matmul``): two 
 to the sums of those same rounded activations, so a row is the float product of the weights and
 the rounded row (the exact row's sums instead put the rounding error on ``q``, 0..63, rather
 than on the centred weight: in a Q6_K test, 0.065 against 0.0004 off that product, 0.074 against
-0.034 off the exact one). Each
-(activation row, weight row) takes the same steps whatever the batch, so a result does not depend
-on the other rows of the step.
+0.034 off the exact one). Each (activation row, weight row) takes the same steps whatever the
+batch, so a result does not depend on the other rows of the step.
 
 Vector lanes 0-7 and 8-15 hold two 32-value runs of a super-block: for Q4_K's low nibbles of
 bytes 0-63 the values 0-31 and 64-95 (its sub-blocks 0 and 2), and so on (``Q4K_RUNS``); for Q6_K
@@ -141,7 +140,7 @@ def _q4_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: 
 def _q6_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: int, dvf: np.ndarray,
               xso: np.ndarray) -> np.float32:
     """One Q6_K row: ``sum d sc_i ((q - 32) . x)`` over the 16-value sub-blocks i, the ``-32`` one
-    vector product of the scales with ``-32 sum(x)`` (``xso``)."""
+    vector product of the scales with ``-32 sum(x)`` (``xso``, of the rounded activations)."""
     acc = zeros_float()
     for sb in range(n_sb):
         base = at + sb * Q6_K_SIZE
@@ -214,8 +213,8 @@ def kquant_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     xq4 = np.empty((t_rows, LEVELS, k), np.int8)  # the same in Q4_K's run order
     dv4 = np.empty((t_rows, n_sb * 4 * _PER_VECTOR), np.float32)
     dv6 = np.empty((t_rows, n_sb * 4 * _PER_VECTOR), np.float32)
-    xsm = np.empty((t_rows, n_sb * 16), np.float32)  # -sum(x) per 32 values, 8 per super-block
-    xso = np.empty((t_rows, k // 16), np.float32)  # -32 sum(x) per 16 values
+    xsm = np.empty((t_rows, n_sb * 16), np.float32)  # -sum(rounded x) per 32 values, 8 per super-block
+    xso = np.empty((t_rows, k // 16), np.float32)  # -32 sum(rounded x) per 16 values
     _prepare(x, w, xq, xq4, dv4, dv6, xsm, xso)
     xqf, xq4f = xq.reshape(-1), xq4.reshape(-1)
     n_rows = w.n_rows
