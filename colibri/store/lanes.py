@@ -197,7 +197,9 @@ def _q3_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
 
 @nb.njit(**JIT_OPTIONS)
 def _q6_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
-    """Q6_K: value = d * sc * (q - 32), an int8 scale per 16 values: d' = d * sc, m = -32 d'."""
+    """Q6_K: value = d * sc * (q - 32), an int8 scale per 16 values: d' = d * sc, and the quants
+    shifted to Q8_0's offset (q - 32 = (q + 96) - 128, m = -128 d'), so that m is derived, not
+    stored (``packed.OFFSETS_Q8``): 20 bytes per 16 values in Q8 lanes, not 24."""
     for b in range(q.shape[0] // QK_K):
         base = b * Q6_K_SIZE
         dd = half(w[base + 208], w[base + 209])
@@ -206,15 +208,15 @@ def _q6_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
             sc = sc - 256 if sc >= 128 else sc
             at = b * (QK_K // HALF_BLOCK) + sub
             d[at] = dd * np.float32(sc)
-            m[at] = np.float32(-32.0) * d[at]
+            m[at] = np.float32(-128.0) * d[at]
         for n in range(2):
             ql, qh, y = base + 64 * n, base + 128 + 32 * n, b * QK_K + 128 * n
             for i in range(32):
                 lo0, lo1, h = np.int64(w[ql + i]), np.int64(w[ql + i + 32]), np.int64(w[qh + i])
-                q[y + i] = (lo0 & 0xF) | ((h & 3) << 4)
-                q[y + i + 32] = (lo1 & 0xF) | (((h >> 2) & 3) << 4)
-                q[y + i + 64] = (lo0 >> 4) | (((h >> 4) & 3) << 4)
-                q[y + i + 96] = (lo1 >> 4) | (((h >> 6) & 3) << 4)
+                q[y + i] = ((lo0 & 0xF) | ((h & 3) << 4)) + 96
+                q[y + i + 32] = ((lo1 & 0xF) | (((h >> 2) & 3) << 4)) + 96
+                q[y + i + 64] = ((lo0 >> 4) | (((h >> 4) & 3) << 4)) + 96
+                q[y + i + 96] = ((lo1 >> 4) | (((h >> 6) & 3) << 4)) + 96
 
 
 @nb.njit(**JIT_OPTIONS)

@@ -153,12 +153,12 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True)
     return -(-n_rows // GROUP) * GROUP * (n_cols // values) * (per + scales)
 
 
-# The formats whose offset m is OFFSET_Q4 d as Q4, OFFSET_Q5 d as Q5, and OFFSET_Q8 d as Q8 (Q5_0
-# and IQ4 through their lanes: ``lanes._legacy`` shifts Q5_0's quants to it, IQ4's grid is stored
-# +128).
+# The formats whose offset m is OFFSET_Q4 d as Q4, OFFSET_Q5 d as Q5, and OFFSET_Q8 d as Q8 (Q5_0,
+# IQ4 and Q6_K through their lanes: ``lanes._legacy`` shifts Q5_0's quants to it, ``lanes._q6_k``
+# Q6_K's by 96, IQ4's grid is stored +128).
 OFFSETS_Q4 = frozenset({GGMLType.Q4_0})
 OFFSETS_Q5 = frozenset({GGMLType.Q5_0})
-OFFSETS_Q8 = frozenset({GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS})
+OFFSETS_Q8 = frozenset({GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.Q6_K})
 
 
 # The formats whose packed scales are the file's halves, bit for bit: their own kind's blocks (Q5's
