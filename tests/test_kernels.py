@@ -25,6 +25,7 @@ from colibri.store.packed import (
     dequantize_row,
     make_weight,
     packed_nbytes,
+    weight_nbytes,
 )
 
 TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1]
@@ -239,7 +240,7 @@ def test_packed_nbytes_is_what_make_weight_allocates(types: tuple[str, ...]):
     gtypes = [GGMLType[t] for t in types]
     parts = [(quantized(rng, n, 64, t)[0], int(t)) for n, t in zip(rows, gtypes, strict=True)]
     w = make_weight(parts, 64)
-    allocated = w.q.nbytes + w.d.nbytes + w.m.nbytes + w.dh.nbytes + w.mh.nbytes + w.f.nbytes
+    allocated = weight_nbytes(w)
     assert packed_nbytes([(raw.shape[0], t) for raw, t in parts], 64) == allocated
 
 

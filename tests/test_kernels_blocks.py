@@ -14,9 +14,10 @@ from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_m
 
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store.blocks import IN_PLACE
-from colibri.store.formats import FORMATS, GGMLType, dequantize
-from colibri.store.lanes import FIVE_BIT, FOUR_BIT
+from colibri.store.formats import BLOCK, FORMATS, GGMLType, dequantize
+from colibri.store.lanes import FIVE_BIT, FOUR_BIT, SUPER_BLOCK, lane_row, lane_row16
 from colibri.store.packed import (
+    GROUP,
     KIND_BLOCKS,
     KIND_Q4,
     KIND_Q5,
@@ -26,6 +27,7 @@ from colibri.store.packed import (
     dequantize_row,
     make_weight,
     packed_nbytes,
+    weight_nbytes,
 )
 
 # llama.cpp rounds each activation to 8 bits in blocks of 32 (Q8_0, Q8_1) or 256 (Q8_K): at most
@@ -107,9 +109,7 @@ def test_qmatmul_matches_the_dequantized_product_and_llama_cpp(gtype: GGMLType, 
     raw, ref_w = random_rows(rng, n, k, gtype)
     weight = make_weight([(raw, int(gtype))], k, lanes=lanes)
     assert weight.kind == expected_kind(gtype, lanes) and weight.n_rows == n
-    assert packed_nbytes([(n, int(gtype))], k, lanes=lanes) == (
-        weight.q.nbytes + weight.d.nbytes + weight.m.nbytes + weight.dh.nbytes + weight.mh.nbytes
-        + weight.raw.nbytes + weight.parts.nbytes)
+    assert packed_nbytes([(n, int(gtype))], k, lanes=lanes) == weight_nbytes(weight)
     for t in T_ROWS:
         check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref_w)
     check_against_llama(rng.standard_normal((3, k)).astype(np.float32), [(raw, int(gtype))], ref_w)
@@ -148,9 +148,7 @@ def test_a_stack_mixing_types_is_the_concatenation_and_keeps_the_files_bytes(lan
     else:
         assert weight.kind == KIND_BLOCKS and weight.q.size == 0
         assert weight.raw.nbytes == raw0.nbytes + raw1.nbytes + raw2.nbytes
-    assert packed_nbytes([(p.shape[0], t) for p, t in parts], k, lanes=lanes) == (
-        weight.q.nbytes + weight.d.nbytes + weight.m.nbytes + weight.dh.nbytes + weight.mh.nbytes
-        + weight.raw.nbytes + weight.parts.nbytes)
+    assert packed_nbytes([(p.shape[0], t) for p, t in parts], k, lanes=lanes) == weight_nbytes(weight)
     ref = np.concatenate([w0, w1, w2])
     for t in T_ROWS:
         check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref)
@@ -202,8 +200,7 @@ def test_a_stack_of_lane_formats_packs_to_one_kind_and_is_the_concatenation(type
         words = np.concatenate([p for p, _ in parts]).reshape(weight.n_rows, -1, size)
         by_row = weight.dh.transpose(0, 2, 1).reshape(-1, weight.dh.shape[1])[: weight.n_rows]
         assert np.array_equal(by_row, words[:, :, :2].copy().view(np.uint16)[:, :, 0])
-    assert packed_nbytes([(p.shape[0], t) for p, t in parts], k) == (
-        weight.q.nbytes + weight.d.nbytes + weight.m.nbytes + weight.dh.nbytes + weight.mh.nbytes)
+    assert packed_nbytes([(p.shape[0], t) for p, t in parts], k) == weight_nbytes(weight)
     ref = np.concatenate(refs)
     for t in T_ROWS:
         check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref)
@@ -243,3 +240,52 @@ def test_q4_k_and_q6_k_decode_rows_take_the_integer_path_on_the_blocks():
     xb = rng.standard_normal((9, k)).astype(np.float32)
     qmatmul(xb, weight, batched, 9)
     assert_direct_rows_alone_equal_batched(xb, weight, batched, (0, 4, 8))
+
+
+@pytest.mark.parametrize("types", [
+    (GGMLType.Q4_K,), (GGMLType.Q5_K,), (GGMLType.Q6_K,), (GGMLType.Q4_K, GGMLType.Q5_K),
+    (GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.Q6_K, GGMLType.Q5_K, GGMLType.Q4_K),
+], ids=["q4_k", "q5_k", "q6_k", "q4_k_q5_k", "q4_k_q6_k", "q6_k_q5_k_q4_k"])
+def test_k_quant_lanes_keep_the_files_scales_and_compute_the_same_bits(types: tuple):
+    """K-quants in lanes keep a float32 per super-block and an integer per block (``SUB_SCALED``),
+    as the file does: their products are the scales a float32 per block held (``lane_row``'s,
+    bit for bit), so the kernel computes the same bits from fewer bytes."""
+    rng = np.random.default_rng(17)
+    k = 512
+    parts = [(random_rows(rng, 20 + 13 * i, k, t)[0], int(t)) for i, t in enumerate(types)]
+    weight = make_weight(parts, k)
+    per = k // weight.q.shape[1]  # values per block: 16 with Q6_K in the stack
+    ratio = SUPER_BLOCK // per
+    assert weight.sd.shape == (weight.q.shape[0], k // per, GROUP) and weight.d.shape[1] == k // SUPER_BLOCK
+    assert (weight.sm.size == 0) == (types == (GGMLType.Q6_K,))  # Q6_K alone: its offset is derived
+    assert packed_nbytes([(p.shape[0], t) for p, t in parts], k) == weight_nbytes(weight)
+    d_full = np.repeat(weight.d, ratio, axis=1) * weight.sd.astype(np.float32)
+    m_full = np.repeat(weight.m, ratio, axis=1) * weight.sm.astype(np.float32) if weight.sm.size else weight.m
+    # the products are lane_row's scales and offsets, row by row
+    row = 0
+    for raw, t in parts:
+        q, d, m = np.empty(k, np.uint8), np.empty(k // per, np.float32), np.empty(k // per, np.float32)
+        for r in range(raw.shape[0]):
+            if per == BLOCK:
+                lane_row(raw[r], t, q, d, m)
+            else:
+                scratch = np.empty(k // BLOCK, np.float32)
+                lane_row16(raw[r], t, q, d, m, scratch, scratch.copy())
+            g, lane = divmod(row, GROUP)
+            assert np.array_equal(d_full[g, :, lane], d)
+            if weight.sm.size:
+                assert np.array_equal(m_full[g, :, lane], m)
+            row += 1
+    # and the kernel on them gives the bits of the same weight with a float32 scale per block
+    widened = weight._replace(d=np.ascontiguousarray(d_full), m=np.ascontiguousarray(m_full),
+                              sd=weight.sd[:0], sm=weight.sm[:0])
+    for t in (1, 3, 4, 7, 16):
+        x = rng.standard_normal((t, k)).astype(np.float32)
+        ours, wide = (np.full((t, weight.n_rows), np.nan, np.float32) for _ in range(2))
+        qmatmul(x, weight, ours, t)
+        qmatmul(x, widened, wide, t)
+        assert np.array_equal(ours, wide)
+    # the bytes: a block's quants, an int8 d (and m) per block, a float32 per super-block
+    n_scales = 1 if weight.m.size == 0 else 2
+    per_row = (k // per) * (weight.q.shape[2] * 4 + n_scales) + n_scales * 4 * (k // SUPER_BLOCK)
+    assert weight_nbytes(weight) == weight.q.shape[0] * GROUP * per_row

@@ -107,7 +107,7 @@ class _Stacking:
 
     def stacked(self, w: Weight) -> Weight:
         """Expert 0's weight ``w`` as the whole stack."""
-        names = ("q", "d", "m", "dh", "mh", "raw")
+        names = ("q", "d", "m", "dh", "mh", "sd", "sm", "raw")
         fields = {name: self.whole[i] for name in names
                   for i, part in enumerate(self.first) if getattr(w, name) is part}
         if any(getattr(w, name).size and name not in fields for name in names):

@@ -64,6 +64,8 @@ FOUR_BIT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K})
 FIVE_BIT = frozenset({GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K})
 # Values per block of a 16-value packing.
 HALF_BLOCK = BLOCK // 2
+# Values per K-quant super-block: one half d (and dmin) each, an integer per block times it.
+SUPER_BLOCK = QK_K
 
 
 @nb.njit(**JIT_OPTIONS)
@@ -236,3 +238,30 @@ def lane_row16(w: np.ndarray, gtype: int, q: np.ndarray, d: np.ndarray, m: np.nd
     else:
         return False
     return True
+
+
+@nb.njit(**JIT_OPTIONS)
+def sub_scales(w: np.ndarray, gtype: int, per: int, d_sup: np.ndarray, m_sup: np.ndarray, sd: np.ndarray,
+               sm: np.ndarray) -> None:
+    """Raw row ``w``'s scales as the file keeps them, for blocks of ``per`` values (32, or 16:
+    Q4_K's and Q5_K's 32-value multiples then given twice): per super-block ``d_sup`` and
+    ``m_sup``, per block ``sd`` and ``sm``, such that ``d_sup * sd`` and ``m_sup * sm`` are
+    ``lane_row``'s (``lane_row16``'s) d and m, the same float32 products. Q4_K and Q5_K: d and
+    -dmin times their 6-bit scale and min; Q6_K: d and -128 d times its int8 scale (its quants
+    shifted to Q8_0's offset: ``_q6_k``)."""
+    q6 = gtype == T_Q6_K
+    size = Q6_K_SIZE if q6 else Q4_K_SIZE if gtype == T_Q4_K else Q5_K_SIZE
+    subs = QK_K // per  # blocks per super-block
+    for b in range(d_sup.shape[0]):
+        base = b * size
+        if q6:
+            dd = half(w[base + 208], w[base + 209])
+            d_sup[b], m_sup[b] = dd, np.float32(-128.0) * dd
+            for j in range(subs):  # per is 16: Q6_K's own scales
+                sc = np.int64(w[base + 192 + j])
+                sd[b * subs + j] = sm[b * subs + j] = sc - 256 if sc >= 128 else sc
+        else:
+            d_sup[b], m_sup[b] = half(w[base], w[base + 1]), -half(w[base + 2], w[base + 3])
+            for j in range(subs):
+                sc, mn = _scale_min_k4(w, base + 4, j * per // BLOCK)
+                sd[b * subs + j], sm[b * subs + j] = sc, mn

@@ -41,7 +41,16 @@ import numpy as np
 from colibri.store.arena import Arena
 from colibri.store.blocks import F16_TABLE, JIT_OPTIONS, decode_row, half  # noqa: F401 (re-exported)
 from colibri.store.formats import BLOCK, FORMATS, GGMLType, Kind, computed_format, row_nbytes
-from colibri.store.lanes import FIVE_BIT, FOUR_BIT, LANE_TYPES, SIXTEEN, lane_row, lane_row16
+from colibri.store.lanes import (
+    FIVE_BIT,
+    FOUR_BIT,
+    LANE_TYPES,
+    SIXTEEN,
+    SUPER_BLOCK,
+    lane_row,
+    lane_row16,
+    sub_scales,
+)
 
 # Rows interleaved by packing: the SIMD lanes of the direct path. 32, not 16 (one AVX-512
 # vector): LLVM leaves the 16-trip lane loops scalar and vectorizes the 32-trip ones.
@@ -96,6 +105,9 @@ class Weight(NamedTuple):
     #                   ``raw``, bytes per row, block type): parts may differ in type
     dh: np.ndarray  # uint16 [G, nb, GROUP]: d as halves (HALF_SCALES; d is then empty)
     mh: np.ndarray  # uint16 [G, nb, GROUP]: m as halves
+    sd: np.ndarray  # int8 [G, nb, GROUP]: a block's multiple of its super-block's d (SUB_SCALED;
+    #                 d and m are then float32 [G, nb / blocks per super-block, GROUP])
+    sm: np.ndarray  # int8 [G, nb, GROUP]: the same for m
 
 
 class SwiGLUWeights(NamedTuple):
@@ -109,15 +121,21 @@ class SwiGLUWeights(NamedTuple):
 _EMPTY_Q = np.zeros((0, 0, 0, 0), np.uint8)
 _EMPTY_S = np.zeros((0, 0, 0), np.float32)
 _EMPTY_H = np.zeros((0, 0, 0), np.uint16)
+_EMPTY_I = np.zeros((0, 0, 0), np.int8)
 _EMPTY_F = np.zeros((0, 0), np.float32)
 _EMPTY_PARTS = np.zeros((0, 4), np.int64)
 # Read-only, as the file's mmap is: every Weight's ``raw`` has one numba type, so a layer's weights
 # stay a homogeneous tuple whichever kinds they hold.
 _EMPTY_RAW = np.zeros(0, np.uint8)
 _EMPTY_RAW.setflags(write=False)
+def weight_nbytes(w: Weight) -> int:
+    """Bytes of every array a weight holds (what ``packed_nbytes`` predicts, with the part table)."""
+    return sum(a.nbytes for a in w if isinstance(a, np.ndarray))
+
+
 # No matrix (a layer without a shared expert), typed as every other weight.
 EMPTY_WEIGHT = Weight(KIND_F32, 0, _EMPTY_Q, _EMPTY_S, _EMPTY_S, _EMPTY_F, _EMPTY_RAW, _EMPTY_PARTS, _EMPTY_H,
-                      _EMPTY_H)
+                      _EMPTY_H, _EMPTY_I, _EMPTY_I)
 
 
 def packed_kind(types: list[int], lanes: bool = True) -> int:
@@ -148,9 +166,13 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True)
     types = [t for _, t in parts]
     per = _quant_bytes(kind, types)  # quant bytes per block
     values = BLOCK if kind in (KIND_Q4, KIND_Q5) else per
-    scale = 2 if _half_scales(types) else 4
-    scales = scale if _derived_offsets(types, kind) else 2 * scale  # d, and m unless derived
-    return -(-n_rows // GROUP) * GROUP * (n_cols // values) * (per + scales)
+    n_scales = 1 if _derived_offsets(types, kind) else 2  # d, and m unless derived
+    n_blocks = n_cols // values
+    if _sub_scaled(types):  # a float32 per super-block and an int8 per block, each
+        scales = n_scales * (n_cols // SUPER_BLOCK * 4 + n_blocks)
+    else:
+        scales = n_scales * n_blocks * (2 if _half_scales(types) else 4)
+    return -(-n_rows // GROUP) * GROUP * (n_blocks * per + scales)
 
 
 # The formats whose offset m is OFFSET_Q4 d as Q4, OFFSET_Q5 d as Q5, and OFFSET_Q8 d as Q8 (Q5_0,
@@ -165,6 +187,18 @@ OFFSETS_Q8 = frozenset({GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.
 # for Q5_0 and Q5_1), scale (and the min) one f16 each. A stack keeps halves when all its parts are
 # one of them.
 HALF_SCALES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.Q5_1})
+
+
+# The formats whose block scales are their super-block's half times a small integer per block
+# (``lanes.sub_scales``): a stack of only these keeps that integer per block (``sd``, ``sm``) and
+# one float32 per super-block, 1.1-1.3 bytes of scales per block and row where a float32 per block
+# took 4 (and 4 more for m): Q4_K's packed row 24 -> 19 bytes per 32 values, Q6_K's 20 -> 17.25
+# per 16. The kernels multiply them back (the same float32 product the decoder makes).
+SUB_SCALED = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
+
+
+def _sub_scaled(types: list[int]) -> bool:
+    return all(GGMLType(t) in SUB_SCALED for t in types)
 
 
 def _half_scales(types: list[int]) -> bool:
@@ -202,19 +236,24 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
         types = [t for _, t in parts]
         per = _quant_bytes(kind, types)
         groups, n_blocks = -(-n_rows // GROUP), n_cols // (BLOCK if kind in (KIND_Q4, KIND_Q5) else per)
-        halves, derived = _half_scales(types), _derived_offsets(types, kind)
+        halves, derived, subbed = _half_scales(types), _derived_offsets(types, kind), _sub_scaled(types)
         # Every byte is written when the rows fill whole groups: no zeroing pass (a miss packs an
         # expert into fresh memory on every use); else zeros, for the last group's empty rows.
         new = arena.empty if arena is not None else np.empty if n_rows % GROUP == 0 else np.zeros
         q = new((groups, n_blocks, per // QUAD, QUAD * GROUP), np.uint8)
-        d = _EMPTY_S if halves else new((groups, n_blocks, GROUP), np.float32)
-        m = _EMPTY_S if derived or halves else new((groups, n_blocks, GROUP), np.float32)
+        n_scales = n_cols // SUPER_BLOCK if subbed else n_blocks  # float32 scales per row
+        d = _EMPTY_S if halves else new((groups, n_scales, GROUP), np.float32)
+        m = _EMPTY_S if derived or halves else new((groups, n_scales, GROUP), np.float32)
         dh = new((groups, n_blocks, GROUP), np.uint16) if halves else _EMPTY_H
         mh = new((groups, n_blocks, GROUP), np.uint16) if halves and not derived else _EMPTY_H
+        sd = new((groups, n_blocks, GROUP), np.int8) if subbed else _EMPTY_I
+        sm = new((groups, n_blocks, GROUP), np.int8) if subbed and not derived else _EMPTY_I
         row = 0
         for raw, t in parts:
             fmt = FORMATS[GGMLType(t)]
             layout = fmt.pack
+            if subbed:
+                _pack_sub_scales(raw, t, n_cols // n_blocks, row, d, m, sd, sm)
             if kind == KIND_Q5:
                 _pack_fives(raw, t, fmt.nbytes, row, q, d, m, dh, mh)
             elif fmt.kind == kind and n_blocks * BLOCK == n_cols and halves:  # the file's bytes, moved
@@ -226,7 +265,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
             else:
                 _pack_lanes(raw, t, n_cols, row, q, d, m)
             row += raw.shape[0]
-        return Weight(kind, n_rows, q, d, m, _EMPTY_F, _EMPTY_RAW, _EMPTY_PARTS, dh, mh)
+        return Weight(kind, n_rows, q, d, m, _EMPTY_F, _EMPTY_RAW, _EMPTY_PARTS, dh, mh, sd, sm)
     f = (np.empty if arena is None else arena.empty)((n_rows, n_cols), np.float32)
     row = 0
     for raw, t in parts:
@@ -235,7 +274,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
             dequantize_row(raw[r], t, f[row])
             row += 1
     return Weight(KIND_F32, n_rows, _EMPTY_Q, _EMPTY_S, _EMPTY_S, f, _EMPTY_RAW, _EMPTY_PARTS, _EMPTY_H,
-                  _EMPTY_H)
+                  _EMPTY_H, _EMPTY_I, _EMPTY_I)
 
 
 def _blocks_weight(parts: list[tuple[np.ndarray, int]], copy: bool) -> Weight:
@@ -257,7 +296,8 @@ def blocks_weight(raw: np.ndarray, parts: list[tuple[np.ndarray, int]]) -> Weigh
         table[i] = (row, at, size, t)
         row, at = row + rows, at + rows * size
     assert at == raw.nbytes, "the parts must fill the buffer"
-    return Weight(KIND_BLOCKS, row, _EMPTY_Q, _EMPTY_S, _EMPTY_S, _EMPTY_F, raw, table, _EMPTY_H, _EMPTY_H)
+    return Weight(KIND_BLOCKS, row, _EMPTY_Q, _EMPTY_S, _EMPTY_S, _EMPTY_F, raw, table, _EMPTY_H, _EMPTY_H,
+                  _EMPTY_I, _EMPTY_I)
 
 
 @nb.njit(inline="always", **JIT_OPTIONS)
@@ -269,10 +309,12 @@ def slot(w: Weight, i: int, n_slots: int) -> Weight:
     g = w.q.shape[0] // n_slots
     s = w.d.shape[0] // n_slots
     h = w.dh.shape[0] // n_slots
+    u = w.sd.shape[0] // n_slots
     b = w.raw.shape[0] // n_slots
     return Weight(w.kind, w.n_rows // n_slots, w.q[i * g : (i + 1) * g], w.d[i * s : (i + 1) * s],
                   w.m[i * s : (i + 1) * s], w.f, w.raw[i * b : (i + 1) * b], w.parts,
-                  w.dh[i * h : (i + 1) * h], w.mh[i * h : (i + 1) * h])  # an empty array's slice is empty
+                  w.dh[i * h : (i + 1) * h], w.mh[i * h : (i + 1) * h],  # an empty array's slice is empty
+                  w.sd[i * u : (i + 1) * u], w.sm[i * u : (i + 1) * u])
 
 
 @nb.njit(inline="always", **JIT_OPTIONS)
@@ -361,6 +403,7 @@ def _pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarr
     d32 = np.empty(n_cols // BLOCK, np.float32)
     m32 = np.empty(n_cols // BLOCK, np.float32)
     four_bit = q.shape[1] * BLOCK == n_cols and q.shape[2] * QUAD == Q4_BYTES
+    per_block = d.shape[1] == q.shape[1]  # a float32 scale per block, not per super-block
     per = BLOCK if four_bit else q.shape[2] * QUAD  # values per block
     for r in range(raw.shape[0]):
         g, lane = divmod(row0 + r, GROUP)
@@ -369,9 +412,10 @@ def _pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarr
         else:
             lane_row16(raw[r], gtype, qs, ds, ms, d32, m32)
         for b in range(q.shape[1]):
-            d[g, b, lane] = ds[b]
-            if m.size:  # else derived by the kernels (OFFSETS_Q8)
-                m[g, b, lane] = ms[b]
+            if per_block:  # else one per super-block (``_pack_sub_scales``)
+                d[g, b, lane] = ds[b]
+                if m.size:  # else derived by the kernels (OFFSETS_Q8)
+                    m[g, b, lane] = ms[b]
             at = b * per
             if four_bit:
                 for j in range(Q4_BYTES):
@@ -380,6 +424,30 @@ def _pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarr
             else:
                 for j in range(per):
                     q[g, b, j // QUAD, QUAD * lane + j % QUAD] = qs[at + j]
+
+
+@nb.njit(**JIT_OPTIONS)
+def _pack_sub_scales(raw: np.ndarray, gtype: int, per: int, row0: int, d: np.ndarray, m: np.ndarray,
+                     sd: np.ndarray, sm: np.ndarray) -> None:
+    """The scales of raw rows of a SUB_SCALED format into rows ``row0..``: d and m per super-block,
+    their integer multiples per block of ``per`` values (``m`` and ``sm`` empty where the offset is
+    derived)."""
+    n_sup = d.shape[1]
+    d_sup = np.empty(n_sup, np.float32)
+    m_sup = np.empty(n_sup, np.float32)
+    sd_row = np.empty(sd.shape[1], np.int8)
+    sm_row = np.empty(sd.shape[1], np.int8)
+    for r in range(raw.shape[0]):
+        g, lane = divmod(row0 + r, GROUP)
+        sub_scales(raw[r], gtype, per, d_sup, m_sup, sd_row, sm_row)
+        for s in range(n_sup):
+            d[g, s, lane] = d_sup[s]
+            if m.size:
+                m[g, s, lane] = m_sup[s]
+        for b in range(sd.shape[1]):
+            sd[g, b, lane] = sd_row[b]
+            if sm.size:
+                sm[g, b, lane] = sm_row[b]
 
 
 @nb.njit(inline="always", **JIT_OPTIONS)
@@ -408,7 +476,7 @@ def _pack_fives(raw: np.ndarray, gtype: int, size: int, row0: int, q: np.ndarray
                 dh[g, b, lane] = _half_bits(raw[r], base)
                 if mh.size:
                     mh[g, b, lane] = _half_bits(raw[r], base + 2)
-            else:
+            elif d.shape[1] == q.shape[1]:  # else one per super-block (``_pack_sub_scales``)
                 d[g, b, lane] = ds[b]
                 if m.size:  # else derived (OFFSETS_Q5)
                     m[g, b, lane] = ms[b] + np.float32(112.0) * ds[b] if shift else ms[b]

@@ -34,6 +34,7 @@ from colibri.model.kernels.simd import (
     high_fives,
     high_nibbles,
     load_bytes,
+    load_i8_floats,
     load_quad,
     load_scales,
     low_fives,
@@ -139,6 +140,22 @@ def _scaled(acc, i1, i2, dw, mw, stored_m: bool, dx: np.ndarray, sx: np.ndarray,
 
 
 @nb.njit(inline="always", **_JIT)
+def _scales(df, mf, sdf, smf, s: int, at: int, stored_m: bool, subbed: bool):  # noqa: ANN001, ANN202
+    """A block's scales and offsets for 16 weight rows: ``d`` and ``m`` at ``s``, each times its
+    block's integer multiple at ``at`` where the weight is sub-scaled (``packed.SUB_SCALED``: the
+    decoder's float32 product, bit for bit); ``m`` is ``d`` where the offset is derived."""
+    dw = load_scales(df, s)
+    if subbed:
+        dw = mul_float(dw, load_i8_floats(sdf, at))
+    if not stored_m:
+        return dw, dw
+    mw = load_scales(mf, s)
+    if subbed:
+        mw = mul_float(mw, load_i8_floats(smf, at))
+    return dw, mw
+
+
+@nb.njit(inline="always", **_JIT)
 def _dot(i1, i2, w, xqf, at: int, k: int):  # noqa: ANN001, ANN202
     """Each level's sum plus one weight vector times that level's activation quad at ``at``
     (levels ``k`` bytes apart)."""
@@ -227,7 +244,10 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
     per = k // n_blocks  # values per weight block: 32, or 16
     qf, xqf = w.q.reshape(-1), xq.reshape(-1)
     df, mf = ds.reshape(-1), ms.reshape(-1)
-    stored_m = mf.size > 0
+    sdf, smf = w.sd.reshape(-1), w.sm.reshape(-1)
+    stored_m, subbed = mf.size > 0, sdf.size > 0
+    n_sup = ds.shape[1]  # scales per row: one a block, or (sub-scaled) one a super-block
+    ratio = n_blocks // n_sup
     r0, z = g * GROUP, zeros_int()
     n_lo, n_hi = min(LANES, w.n_rows - r0), min(LANES, w.n_rows - r0 - LANES)  # rows each vector writes
     t = 0
@@ -241,8 +261,8 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
                 a1, a2, b1, b2, c1, c2, e1, e2 = _four_blocks(
                     z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, LEVELS * t * k + b * per, k,
                     bits)
-                dw = load_scales(df, at)
-                mw = load_scales(mf, at) if stored_m else dw
+                sa = (g * n_sup + b // ratio) * GROUP + lane0
+                dw, mw = _scales(df, mf, sdf, smf, sa, at, stored_m, subbed)
                 a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, t, b, off)
                 b_ = _scaled(b_, b1, b2, dw, mw, stored_m, dx, sx, t + 1, b, off)
                 c = _scaled(c, c1, c2, dw, mw, stored_m, dx, sx, t + 2, b, off)
@@ -258,10 +278,9 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
             blk = g * n_blocks + b
             a1, a2, c1, c2 = _row_block(z, qf, blk * quads * QUAD_BYTES, quads,
                                         xqf, LEVELS * t * k + b * per, k, bits)
-            at = blk * GROUP
-            dw, du = load_scales(df, at), load_scales(df, at + LANES)
-            mw = load_scales(mf, at) if stored_m else dw
-            mu = load_scales(mf, at + LANES) if stored_m else du
+            at, sa = blk * GROUP, (g * n_sup + b // ratio) * GROUP
+            dw, mw = _scales(df, mf, sdf, smf, sa, at, stored_m, subbed)
+            du, mu = _scales(df, mf, sdf, smf, sa + LANES, at + LANES, stored_m, subbed)
             a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, t, b, off)
             c = _scaled(c, c1, c2, du, mu, stored_m, dx, sx, t, b, off)
         store_floats(out, t, r0, a, n_lo)
