@@ -247,7 +247,9 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
     sdf, smf = w.sd.reshape(-1), w.sm.reshape(-1)
     stored_m, subbed = mf.size > 0, sdf.size > 0
     n_sup = ds.shape[1]  # scales per row: one a block, or (sub-scaled) one a super-block
-    ratio = n_blocks // n_sup
+    sup_shift = 0  # blocks per super-block, a power of two: 2 ** sup_shift (a shift, not a division)
+    while n_sup << sup_shift < n_blocks:
+        sup_shift += 1
     r0, z = g * GROUP, zeros_int()
     n_lo, n_hi = min(LANES, w.n_rows - r0), min(LANES, w.n_rows - r0 - LANES)  # rows each vector writes
     t = 0
@@ -261,7 +263,7 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
                 a1, a2, b1, b2, c1, c2, e1, e2 = _four_blocks(
                     z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, LEVELS * t * k + b * per, k,
                     bits)
-                sa = (g * n_sup + b // ratio) * GROUP + lane0
+                sa = (g * n_sup + (b >> sup_shift)) * GROUP + lane0
                 dw, mw = _scales(df, mf, sdf, smf, sa, at, stored_m, subbed)
                 a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, t, b, off)
                 b_ = _scaled(b_, b1, b2, dw, mw, stored_m, dx, sx, t + 1, b, off)
@@ -278,7 +280,7 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
             blk = g * n_blocks + b
             a1, a2, c1, c2 = _row_block(z, qf, blk * quads * QUAD_BYTES, quads,
                                         xqf, LEVELS * t * k + b * per, k, bits)
-            at, sa = blk * GROUP, (g * n_sup + b // ratio) * GROUP
+            at, sa = blk * GROUP, (g * n_sup + (b >> sup_shift)) * GROUP
             dw, mw = _scales(df, mf, sdf, smf, sa, at, stored_m, subbed)
             du, mu = _scales(df, mf, sdf, smf, sa + LANES, at + LANES, stored_m, subbed)
             a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, t, b, off)
