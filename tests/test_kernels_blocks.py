@@ -15,19 +15,17 @@ from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_m
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store.blocks import IN_PLACE
 from colibri.store.formats import BLOCK, FORMATS, GGMLType, dequantize
-from colibri.store.lanes import FIVE_BIT, FOUR_BIT, SIX_BIT, SUPER_BLOCK, lane_row, lane_row16
+from colibri.store.lanes import FIVE_BIT, FOUR_BIT, SUPER_BLOCK, lane_row, lane_row16
 from colibri.store.packed import (
     GROUP,
     KIND_BLOCKS,
     KIND_Q4,
     KIND_Q5,
-    KIND_Q6,
     KIND_Q8,
     OFFSETS_Q5,
     OFFSETS_Q8,
     dequantize_row,
     make_weight,
-    packed_kind,
     packed_nbytes,
     weight_nbytes,
 )
@@ -99,8 +97,7 @@ def expected_kind(gtype: GGMLType, lanes: bool) -> int:
     """In place, or (``lanes``) packed into Q4, Q5 or Q8 lanes."""
     if not lanes:
         return KIND_BLOCKS
-    return (KIND_Q4 if gtype in FOUR_BIT else KIND_Q5 if gtype in FIVE_BIT else KIND_Q6 if gtype in SIX_BIT
-            else KIND_Q8)
+    return KIND_Q4 if gtype in FOUR_BIT else KIND_Q5 if gtype in FIVE_BIT else KIND_Q8
 
 
 @pytest.mark.parametrize("gtype,lanes", PATHS, ids=PATH_IDS)
@@ -292,14 +289,3 @@ def test_k_quant_lanes_keep_the_files_scales_and_compute_the_same_bits(types: tu
     n_scales = 1 if weight.m.size == 0 else 2
     per_row = (k // per) * (weight.q.shape[2] * 4 + n_scales) + n_scales * 4 * (k // SUPER_BLOCK)
     assert weight_nbytes(weight) == weight.q.shape[0] * GROUP * per_row
-
-
-def test_q6_k_packs_into_six_bit_lanes_within_a_percent_of_the_file():
-    """Q6_K alone: nibbles and a plane of two high bits per 16 values (12 bytes, where Q8 lanes
-    took 16), an int8 scale per 16 values and a float32 per 256: 212 bytes a super-block against
-    the file's 210."""
-    assert packed_kind([int(GGMLType.Q6_K)]) == KIND_Q6
-    assert packed_nbytes([(64, int(GGMLType.Q6_K))], 1024) == 64 * 4 * 212
-    assert FORMATS[GGMLType.Q6_K].nbytes == 210
-    # with a 32-value format it stays in Q8 lanes of 16-value blocks
-    assert packed_kind([int(GGMLType.Q6_K), int(GGMLType.Q4_K)]) == KIND_Q8

@@ -40,7 +40,6 @@ from colibri.store.packed import (
     KIND_BLOCKS,
     KIND_Q4,
     KIND_Q5,
-    KIND_Q6,
     KIND_Q8,
     SwiGLUWeights,
     Weight,
@@ -323,14 +322,13 @@ class ExpertStore:
         return len(self._pinned)
 
     def _stackable(self, layer: int) -> bool:
-        """Whether ``layer``'s experts can be stacked (``packed.slot``): packed Q4, Q5, Q6 or Q8 in whole
+        """Whether ``layer``'s experts can be stacked (``packed.slot``): packed Q4, Q5 or Q8 in whole
         groups of rows, or the file's blocks in place (float32 copies are not)."""
         infos = [self.gguf.tensors[name] for name in self._tensors[layer]]
         kinds = {packed_kind([int(i.gtype) for i in infos[:2]], lanes=False),
                  packed_kind([int(infos[2].gtype)], lanes=False)}
         whole_groups = all(i.shape[1] % GROUP == 0 for i in infos)
-        packed = {KIND_Q4, KIND_Q5, KIND_Q6, KIND_Q8, KIND_BLOCKS}
-        return kinds <= {KIND_BLOCKS} or (kinds <= packed and whole_groups)
+        return kinds <= {KIND_BLOCKS} or (kinds <= {KIND_Q4, KIND_Q5, KIND_Q8, KIND_BLOCKS} and whole_groups)
 
     def _stack(self, layer: int, arena: Arena) -> None:
         """Pack every expert of ``layer`` into stacked arrays and pin each (its parts of them)."""

@@ -7,30 +7,23 @@ four quant bytes of a row together,
 
     q[g, b, p, 4 r + k]   quant byte 4 p + k of block b of row GROUP*g + r  (Q4: a byte of two
                           nibbles, quants j and j + 16, as in the file; Q8: q + 128; Q5:
-                          Q4's nibbles in quads 0-3, the fifth bits in quad 4, FIFTH_BYTES;
-                          Q6, 16-value blocks: nibbles of j and j + 8 in quads 0-1, the two
-                          high bits in quad 2, Q6_BYTES)
+                          Q4's nibbles in quads 0-3, the fifth bits in quad 4, FIFTH_BYTES)
     d[g, b, r]            that block's scale;  m[g, b, r] its offset (Q4_1's min; none kept where
                           every part's offset is its kind's fixed multiple of d: OFFSETS_Q4,
                           OFFSETS_Q5, OFFSETS_Q8)
     dh, mh                the same as the file's halves (uint16), instead of d and m, where every
                           part is one format whose scales are halves (HALF_SCALES)
-    sd[g, b, r], sm       the block's int8 multiple of d[g, b // (blocks a super-block), r] (and
-                          of m), where every part is a K-quant (SUB_SCALED): its scales as the
-                          file keeps them
 
 so that one 64-byte vector holds four consecutive quants of each of 16 rows: the 32-bit lanes of
 an integer dot product (``colibri.model.kernels.int8_matmul``), one lane per row, and no
-horizontal sums. The bits stay 4-, 5-, 6- or 8-bit, the scales of Q4_0, Q4_1, Q5_0, Q5_1 and
-Q8_0 the file's halves (a packed matrix is its file bytes), the K-quants' a float32 per
-super-block and an integer per block (as the file's); others' scales, computed, are float32.
-Float formats, and stacks that mix kinds, are widened to float32 rows. Packing is deterministic,
-so a resident copy and one packed from the file on a miss give the same bits. The formats
-themselves are the table in ``formats.py``. The other formats (Q5, the K-quants, IQ4) are
+horizontal sums. The bits stay 4-, 5- or 8-bit, and the scales of Q4_0, Q4_1, Q5_0, Q5_1 and
+Q8_0 the file's halves (a packed matrix is its file bytes); others' scales, computed, are
+float32. Float formats, and stacks that mix kinds, are widened to float32 rows. Packing is
+deterministic, so a resident copy and one packed from the file on a miss give the same bits. The
+formats themselves are the table in ``formats.py``. The other formats (Q5, the K-quants, IQ4) are
 re-expressed as ``d q + m`` into these lanes (``colibri.store.lanes``: the Q5 formats into Q5's
-5.5 bits a weight, no longer Q8's 8.5; Q6_K into Q6's 6.6, no longer 10), or, with
-``lanes=False`` (the expert store), keep the file's blocks (``Kind.BLOCKS``, decoded by
-``colibri.store.blocks``), no bigger than the file.
+5.5 bits a weight, no longer Q8's 8.5), or, with ``lanes=False`` (the expert store), keep the
+file's blocks (``Kind.BLOCKS``, decoded by ``colibri.store.blocks``), no bigger than the file.
 
 Q8_0's quants are kept *biased* (``q + 128``, an unsigned byte, with ``m = -128 d``): the integer
 dot product multiplies unsigned weight bytes by signed activation bytes. Rows decoded to float32
@@ -52,7 +45,6 @@ from colibri.store.lanes import (
     FIVE_BIT,
     FOUR_BIT,
     LANE_TYPES,
-    SIX_BIT,
     SIXTEEN,
     SUPER_BLOCK,
     lane_row,
@@ -73,23 +65,16 @@ QUAD = 4
 # vector's fifth bits are then one shift and mask of the quad away (``simd.low_fives``).
 FIFTH_BYTES = BLOCK // 8
 Q5_BYTES = Q4_BYTES + FIFTH_BYTES
-# Q6, per 16 values (Q6_K's scales): two quads of nibbles, byte k of quad p quants 4 p + k (low
-# nibble) and 8 + 4 p + k (high), then one quad of their two high bits, bits 2 p and 4 + 2 p of
-# byte k (``simd.low_sixes``, ``high_sixes``): 12 bytes per 16 values, where Q8 lanes took 16.
-SIX_VALUES = BLOCK // 2
-Q6_BYTES = SIX_VALUES // 2 + SIX_VALUES // 4
 
 # The offset m of Q4_0 and Q8_0 blocks, a fixed multiple of d: a matrix of only those keeps no m
 # (a fifth fewer bytes to read per Q4_0 weight, a tenth per Q8_0 one) and the kernels derive it.
 OFFSET_Q4 = np.float32(FORMATS[GGMLType.Q4_0].pack.offset_scale)
 OFFSET_Q8 = np.float32(FORMATS[GGMLType.Q8_0].pack.offset_scale)
 OFFSET_Q5 = np.float32(-16.0)  # Q5_0's: value = d (q - 16)
-OFFSET_Q6 = np.float32(-32.0)  # Q6_K's: value = d sc (q - 32)
 
 # The kinds as plain ints, for numba (``Weight.kind``).
 KIND_F32, KIND_Q4, KIND_Q8, KIND_BLOCKS = int(Kind.FLOAT), int(Kind.Q4), int(Kind.Q8), int(Kind.BLOCKS)
 KIND_Q5 = int(Kind.Q5)
-KIND_Q6 = int(Kind.Q6)
 
 T_F32 = int(GGMLType.F32)
 T_F16 = int(GGMLType.F16)
@@ -166,8 +151,6 @@ def packed_kind(types: list[int], lanes: bool = True) -> int:
                                                int(computed_format(t).kind) != KIND_BLOCKS for t in types):
         if all(GGMLType(t) in FOUR_BIT for t in types):
             return KIND_Q4
-        if all(GGMLType(t) in SIX_BIT for t in types):
-            return KIND_Q6
         return KIND_Q5 if all(GGMLType(t) in FOUR_BIT | FIVE_BIT for t in types) else KIND_Q8
     return KIND_BLOCKS if KIND_BLOCKS in kinds else KIND_F32
 
@@ -182,7 +165,7 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True)
         return sum(rows * row_nbytes(GGMLType(t), n_cols) + 32 for rows, t in parts)
     types = [t for _, t in parts]
     per = _quant_bytes(kind, types)  # quant bytes per block
-    values = BLOCK if kind in (KIND_Q4, KIND_Q5) else SIX_VALUES if kind == KIND_Q6 else per
+    values = BLOCK if kind in (KIND_Q4, KIND_Q5) else per
     n_scales = 1 if _derived_offsets(types, kind) else 2  # d, and m unless derived
     n_blocks = n_cols // values
     if _sub_scaled(types):  # a float32 per super-block and an int8 per block, each
@@ -197,7 +180,6 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True)
 # Q6_K's by 96, IQ4's grid is stored +128).
 OFFSETS_Q4 = frozenset({GGMLType.Q4_0})
 OFFSETS_Q5 = frozenset({GGMLType.Q5_0})
-OFFSETS_Q6 = frozenset({GGMLType.Q6_K})
 OFFSETS_Q8 = frozenset({GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.Q6_K})
 
 
@@ -225,13 +207,13 @@ def _half_scales(types: list[int]) -> bool:
 
 def _derived_offsets(types: list[int], kind: int) -> bool:
     """Whether every part's offset is its kind's fixed multiple of d, so that m is not stored."""
-    own = {KIND_Q4: OFFSETS_Q4, KIND_Q5: OFFSETS_Q5, KIND_Q6: OFFSETS_Q6}.get(kind, OFFSETS_Q8)
+    own = OFFSETS_Q4 if kind == KIND_Q4 else OFFSETS_Q5 if kind == KIND_Q5 else OFFSETS_Q8
     return all(GGMLType(t) in own for t in types)
 
 
 def _quant_bytes(kind: int, types: list[int]) -> int:
     """Quant bytes per block per row of a packing of ``kind``."""
-    return {KIND_Q4: Q4_BYTES, KIND_Q5: Q5_BYTES, KIND_Q6: Q6_BYTES}.get(kind) or _q8_block(types)
+    return Q4_BYTES if kind == KIND_Q4 else Q5_BYTES if kind == KIND_Q5 else _q8_block(types)
 
 
 def _q8_block(types: list[int]) -> int:
@@ -253,8 +235,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
     if kind != KIND_F32:
         types = [t for _, t in parts]
         per = _quant_bytes(kind, types)
-        values = BLOCK if kind in (KIND_Q4, KIND_Q5) else SIX_VALUES if kind == KIND_Q6 else per
-        groups, n_blocks = -(-n_rows // GROUP), n_cols // values
+        groups, n_blocks = -(-n_rows // GROUP), n_cols // (BLOCK if kind in (KIND_Q4, KIND_Q5) else per)
         halves, derived, subbed = _half_scales(types), _derived_offsets(types, kind), _sub_scaled(types)
         # Every byte is written when the rows fill whole groups: no zeroing pass (a miss packs an
         # expert into fresh memory on every use); else zeros, for the last group's empty rows.
@@ -275,8 +256,6 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
                 _pack_sub_scales(raw, t, n_cols // n_blocks, row, d, m, sd, sm)
             if kind == KIND_Q5:
                 _pack_fives(raw, t, fmt.nbytes, row, q, d, m, dh, mh)
-            elif kind == KIND_Q6:
-                _pack_sixes(raw, t, row, q)
             elif fmt.kind == kind and n_blocks * BLOCK == n_cols and halves:  # the file's bytes, moved
                 _pack_words(np.ascontiguousarray(raw), fmt.nbytes, layout.quants_at, layout.min_at,
                             np.uint32(layout.flip * 0x01010101), row, q, dh, mh)
@@ -509,32 +488,6 @@ def _pack_fives(raw: np.ndarray, gtype: int, size: int, row0: int, q: np.ndarray
                     q[g, b, p, QUAD * lane + k] = (lo & np.uint8(15)) | ((hi & np.uint8(15)) << np.uint8(4))
                     fifth |= ((lo >> np.uint8(4)) << np.uint8(p)) | ((hi >> np.uint8(4)) << np.uint8(4 + p))
                 q[g, b, Q4_BYTES // QUAD, QUAD * lane + k] = fifth
-
-
-@nb.njit(**JIT_OPTIONS)
-def _pack_sixes(raw: np.ndarray, gtype: int, row0: int, q: np.ndarray) -> None:
-    """Raw Q6_K rows into rows ``row0..`` of Q6 lanes (``Q6_BYTES``), the quants 0..63 (value =
-    d sc (q - 32), OFFSET_Q6); the scales are ``_pack_sub_scales``'."""
-    n_cols = q.shape[1] * SIX_VALUES
-    qs = np.empty(n_cols, np.uint8)
-    ds = np.empty(q.shape[1], np.float32)
-    ms = np.empty(q.shape[1], np.float32)
-    d32 = np.empty(n_cols // BLOCK, np.float32)
-    m32 = np.empty(n_cols // BLOCK, np.float32)
-    nib = SIX_VALUES // 2  # values in a block's low nibbles
-    for r in range(raw.shape[0]):
-        g, lane = divmod(row0 + r, GROUP)
-        lane_row16(raw[r], gtype, qs, ds, ms, d32, m32)  # Q6_K's quants + 96 (Q8_0's offset)
-        for b in range(q.shape[1]):
-            at = b * SIX_VALUES
-            for k in range(QUAD):
-                tops = np.uint8(0)
-                for p in range(nib // QUAD):
-                    lo, hi = qs[at + QUAD * p + k] - np.uint8(96), qs[at + nib + QUAD * p + k] - np.uint8(96)
-                    q[g, b, p, QUAD * lane + k] = (lo & np.uint8(15)) | ((hi & np.uint8(15)) << np.uint8(4))
-                    lo_top, hi_top = lo >> np.uint8(4), hi >> np.uint8(4)
-                    tops |= (lo_top << np.uint8(2 * p)) | (hi_top << np.uint8(4 + 2 * p))
-                q[g, b, nib // QUAD, QUAD * lane + k] = tops
 
 
 @nb.njit(**JIT_OPTIONS)

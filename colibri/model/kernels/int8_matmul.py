@@ -33,14 +33,12 @@ from colibri.model.kernels.simd import (
     fma_float,
     high_fives,
     high_nibbles,
-    high_sixes,
     load_bytes,
     load_i8_floats,
     load_quad,
     load_scales,
     low_fives,
     low_nibbles,
-    low_sixes,
     mul_float,
     splat_float,
     splat_int,
@@ -55,12 +53,9 @@ from colibri.store.packed import (
     JIT_OPTIONS,
     KIND_Q4,
     KIND_Q5,
-    KIND_Q6,
     OFFSET_Q4,
     OFFSET_Q5,
-    OFFSET_Q6,
     OFFSET_Q8,
-    SIX_VALUES,
     Weight,
     slot,
 )
@@ -69,14 +64,11 @@ _JIT = JIT_OPTIONS
 # Activation rows sharing one load of a weight vector: 4 rows keep 8 integer (a sum per level)
 # and 4 float accumulators, the weights and their nibbles in registers (32 on AVX-512).
 ROWS = 4
-# Values between a Q6 block's low and high nibbles (16-value blocks; Q4's and Q5's: BLOCK // 2). A
-# constant: passed as an argument, it made Q4_1's 16-row gate_up 197 -> 216-219 us (8-11%).
-SIX_HALF = SIX_VALUES // 2
 # Bytes of a packed block's quad p, across a group's rows: GROUP rows x 4 bytes.
 QUAD_BYTES = 4 * GROUP
 # The fixed offsets of Q4_0 and Q8_0 (m = OFFSET d) as integers: applied in the integer sum.
-_OFF_Q4, _OFF_Q5, _OFF_Q6, _OFF_Q8 = int(OFFSET_Q4), int(OFFSET_Q5), int(OFFSET_Q6), int(OFFSET_Q8)
-assert _OFF_Q4 == OFFSET_Q4 and _OFF_Q5 == OFFSET_Q5 and _OFF_Q6 == OFFSET_Q6 and _OFF_Q8 == OFFSET_Q8
+_OFF_Q4, _OFF_Q5, _OFF_Q8 = int(OFFSET_Q4), int(OFFSET_Q5), int(OFFSET_Q8)
+assert _OFF_Q4 == OFFSET_Q4 and _OFF_Q5 == OFFSET_Q5 and _OFF_Q8 == OFFSET_Q8
 # The quant range of every level, and how much finer each level's step is than the one before:
 # a remainder is within half a step, so 2 x 127 finer steps span it.
 Q_MAX = np.float32(127.0)
@@ -173,12 +165,9 @@ def _dot(i1, i2, w, xqf, at: int, k: int):  # noqa: ANN001, ANN202
 @nb.njit(inline="always", **_JIT)
 def _halves(v, h, p: int, bits: int):  # noqa: ANN001, ANN202
     """The quants of weight vector ``v`` (quad ``p`` of a block) as bytes: Q4's low and high
-    nibbles (quants 4p.. and 16 + 4p..), Q5's with their fifth bits from ``h``, Q6's (16-value
-    blocks: 4p.. and 8 + 4p..) with their two high bits from ``h``."""
+    nibbles (quants 4p.. and 16 + 4p..), Q5's with their fifth bits from ``h``."""
     if bits == 5:
         return low_fives(v, h, p), high_fives(v, h, p)
-    if bits == 6:
-        return low_sixes(v, h, p), high_sixes(v, h, p)
     return low_nibbles(v), high_nibbles(v)
 
 
@@ -187,20 +176,17 @@ def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  
     """One block of one activation row against a group's 32 weight rows, two vectors of 16: each
     level's integer sum per vector, from zero sums ``z``. Both vectors take the same steps as in
     ``_four_blocks``; here they share the activation loads and read the group's bytes in order.
-    ``bits``: 4, 5 or 6 (two quants a byte, 16 values apart, Q6's 8; Q5's fifth bits and Q6's
-    high bits in the block's last quad) or 8."""
+    ``bits``: 4 or 5 (two quants a byte, Q5's fifth bits in the block's last quad) or 8."""
     a1 = a2 = c1 = c2 = z
     hv = hu = z
-    tops = bits == 5 or bits == 6  # the block's last quad holds its quants' high bits
-    if tops:
+    if bits == 5:
         hv = load_bytes(qf, base + (quads - 1) * QUAD_BYTES)
         hu = load_bytes(qf, base + (quads - 1) * QUAD_BYTES + 4 * LANES)
-    for p in range(quads - 1 if tops else quads):
+    for p in range(quads - 1 if bits == 5 else quads):
         v = load_bytes(qf, base + p * QUAD_BYTES)
         u = load_bytes(qf, base + p * QUAD_BYTES + 4 * LANES)
         if bits != 8:
-            at = x0 + 4 * p
-            ah = at + (SIX_HALF if bits == 6 else BLOCK // 2)
+            at, ah = x0 + 4 * p, x0 + BLOCK // 2 + 4 * p
             lo, hi = _halves(v, hv, p, bits)
             a1, a2 = _dot(a1, a2, lo, xqf, at, k)
             a1, a2 = _dot(a1, a2, hi, xqf, ah, k)
@@ -219,14 +205,12 @@ def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):
     loaded and split once. Each row's sums take ``_row_block``'s steps."""
     a1 = a2 = b1 = b2 = c1 = c2 = e1 = e2 = z
     r = LEVELS * k
-    tops = bits == 5 or bits == 6
-    h = load_bytes(qf, base + (quads - 1) * QUAD_BYTES) if tops else z
-    for p in range(quads - 1 if tops else quads):
+    h = load_bytes(qf, base + (quads - 1) * QUAD_BYTES) if bits == 5 else z
+    for p in range(quads - 1 if bits == 5 else quads):
         v = load_bytes(qf, base + p * QUAD_BYTES)
         if bits != 8:
             lo, hi = _halves(v, h, p, bits)
-            at = x0 + 4 * p
-            ah = at + (SIX_HALF if bits == 6 else BLOCK // 2)
+            at, ah = x0 + 4 * p, x0 + BLOCK // 2 + 4 * p
             a1, a2 = _dot(a1, a2, lo, xqf, at, k)
             a1, a2 = _dot(a1, a2, hi, xqf, ah, k)
             b1, b2 = _dot(b1, b2, lo, xqf, at + r, k)
@@ -252,8 +236,8 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
     ``ds``, ``ms``: the weight's scales and offsets, float32 or halves (d and m, or dh and mh).
     One copy of the loops for every kind, its bit width decided at run time: a copy per kind,
     with it constant, made 16 rows 12% faster but compiled 3.5-4x slower (docs/performance.md)."""
-    bits = 4 if w.kind == KIND_Q4 else 5 if w.kind == KIND_Q5 else 6 if w.kind == KIND_Q6 else 8
-    off = _OFF_Q4 if bits == 4 else _OFF_Q5 if bits == 5 else _OFF_Q6 if bits == 6 else _OFF_Q8
+    bits = 4 if w.kind == KIND_Q4 else 5 if w.kind == KIND_Q5 else 8
+    off = _OFF_Q4 if bits == 4 else _OFF_Q5 if bits == 5 else _OFF_Q8
     quads = w.q.shape[2]
     t_rows, k = xq.shape[0], xq.shape[2]
     n_blocks = w.q.shape[1]
