@@ -7,7 +7,9 @@ exactly: Q5_0/Q5_1 (5-bit quants), Q4_K/Q5_K (a super-block's 6-bit scale and mi
 multiplied out: d' = d * sc, m' = -dmin * mn), and IQ4_NL/IQ4_XS (the grid's value plus 128, and
 m = -128 d). Q2_K, Q3_K and Q6_K scale every 16 values: they pack into Q8 with 16-value blocks
 (``lane_row16``; a stack mixing them with the others takes 16-value blocks throughout, a 32-value
-block's scale written twice).
+block's scale written twice). The K-quants' scales are also given as the file keeps them
+(``sub_scales``: a half per super-block, an integer per block), which the packing keeps instead of
+a float32 per block where every part is a K-quant.
 
 ``lane_row`` turns one raw row into quants, scales and offsets, with the decoders' arithmetic
 (``blocks.py``), so that ``d * q + m`` is the decoded value to float32 rounding. Q4_0, Q4_1 and

@@ -13,14 +13,18 @@ four quant bytes of a row together,
                           OFFSETS_Q5, OFFSETS_Q8)
     dh, mh                the same as the file's halves (uint16), instead of d and m, where every
                           part is one format whose scales are halves (HALF_SCALES)
+    sd[g, b, r], sm       the block's int8 multiple of d[g, b // (blocks a super-block), r] (and
+                          of m), where every part is a K-quant (SUB_SCALED): its scales as the
+                          file keeps them
 
 so that one 64-byte vector holds four consecutive quants of each of 16 rows: the 32-bit lanes of
 an integer dot product (``colibri.model.kernels.int8_matmul``), one lane per row, and no
-horizontal sums. The bits stay 4-, 5- or 8-bit, and the scales of Q4_0, Q4_1, Q5_0, Q5_1 and
-Q8_0 the file's halves (a packed matrix is its file bytes); others' scales, computed, are
-float32. Float formats, and stacks that mix kinds, are widened to float32 rows. Packing is
-deterministic, so a resident copy and one packed from the file on a miss give the same bits. The
-formats themselves are the table in ``formats.py``. The other formats (Q5, the K-quants, IQ4) are
+horizontal sums. The bits stay 4-, 5- or 8-bit, the scales of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
+the file's halves (a packed matrix is its file bytes), the K-quants' a float32 per super-block
+and an integer per block (as the file's); others' scales, computed, are float32. Float formats,
+and stacks that mix kinds, are widened to float32 rows. Packing is deterministic, so a resident
+copy and one packed from the file on a miss give the same bits. The formats themselves are the
+table in ``formats.py``. The other formats (Q5, the K-quants, IQ4) are
 re-expressed as ``d q + m`` into these lanes (``colibri.store.lanes``: the Q5 formats into Q5's
 5.5 bits a weight, no longer Q8's 8.5), or, with ``lanes=False`` (the expert store), keep the
 file's blocks (``Kind.BLOCKS``, decoded by ``colibri.store.blocks``), no bigger than the file.
