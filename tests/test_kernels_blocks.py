@@ -13,7 +13,7 @@ from ggml_harness import llama_matmul
 from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_matmul, rounded_activations
 
 from colibri.model.kernels.quant_matmul import qmatmul
-from colibri.store.blocks import IN_PLACE
+from colibri.store.blocks import IN_PLACE, dequantize_row
 from colibri.store.formats import BLOCK, FORMATS, GGMLType, dequantize
 from colibri.store.lanes import FIVE_BIT, FOUR_BIT, SUPER_BLOCK, lane_row, lane_row16
 from colibri.store.packed import (
@@ -24,7 +24,6 @@ from colibri.store.packed import (
     KIND_Q8,
     OFFSETS_Q5,
     OFFSETS_Q8,
-    dequantize_row,
     make_weight,
     packed_nbytes,
     weight_nbytes,

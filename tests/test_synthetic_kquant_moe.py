@@ -15,9 +15,9 @@ from test_expert_store import make_synthetic_moe
 from colibri.model.generate import SingleSequence
 from colibri.model.loader import Model
 from colibri.model.sampling import Sampler, SamplingParams
+from colibri.store.blocks import dequantize_row
 from colibri.store.formats import GGMLType
 from colibri.store.gguf import GGUFFile
-from colibri.store.packed import dequantize_row
 
 LAYERS = 8
 SHAPE = dict(n_layers=LAYERS, n_experts=8, n_used=2, n_embd=256, n_ff=256, n_vocab=512, n_heads=4,

@@ -1,4 +1,5 @@
-"""The formats computed on in place: decoders of one raw GGUF row into float32, per block format.
+"""The formats computed on in place: decoders of one raw GGUF row into float32, per block format
+(``decode_row``), and ``dequantize_row`` for every format the kernels read.
 
 Q5_0/Q5_1, the K-quants (Q2_K … Q6_K, 256-value super-blocks of 16- or 32-value sub-blocks with
 their own 4- to 8-bit scales) and the IQ4 grids do not fit the packed layout's ``d * q + m`` per
@@ -44,6 +45,14 @@ Q4_K_SIZE, Q5_K_SIZE, Q6_K_SIZE = _SIZE[T_Q4_K], _SIZE[T_Q5_K], _SIZE[T_Q6_K]
 IQ4_NL_SIZE, IQ4_XS_SIZE = _SIZE[T_IQ4_NL], _SIZE[T_IQ4_XS]
 # The formats decoded here.
 IN_PLACE = frozenset(GGMLType(t) for t in _SIZE)
+# The packed and float formats, for ``dequantize_row`` (embeddings, norms, widened matrices).
+T_F32, T_F16, T_BF16 = int(GGMLType.F32), int(GGMLType.F16), int(GGMLType.BF16)
+T_Q4_0, T_Q4_1, T_Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q8_0)
+Q4_0_NBYTES = FORMATS[GGMLType.Q4_0].nbytes
+Q4_1_NBYTES = FORMATS[GGMLType.Q4_1].nbytes
+Q8_0_NBYTES = FORMATS[GGMLType.Q8_0].nbytes
+Q8_0_QUANTS_AT = FORMATS[GGMLType.Q8_0].pack.quants_at
+NIBBLE_BYTES = BLOCK // 2  # a Q4_0/Q4_1 block's quant bytes, two nibbles each
 
 
 @nb.njit(inline="always", **JIT_OPTIONS)
@@ -233,6 +242,51 @@ def decode_row(w: np.ndarray, gtype: int, out: np.ndarray) -> bool:
     else:
         return False
     return True
+
+
+
+
+@nb.njit(inline="always", **JIT_OPTIONS)
+def nibbles(byte: np.uint8) -> tuple[np.float32, np.float32]:
+    """(low, high) nibble of a byte as float32. Split in float arithmetic on purpose: numba
+    widens integer ``&`` and ``>>`` to int64, which halves the SIMD lanes (2.5x slower here)."""
+    v = np.float32(byte)
+    hi = np.floor(v * np.float32(0.0625))
+    return v - np.float32(16.0) * hi, hi
+
+
+@nb.njit(**JIT_OPTIONS)
+def dequantize_row(w: np.ndarray, gtype: int, out: np.ndarray) -> None:
+    """Expand one raw GGUF row ``w`` into ``out`` (float32, the row's length): embeddings, norms,
+    routers and float-widened matrices. A type with no branch here raises."""
+    k = out.shape[0]
+    if gtype == T_Q4_1 or gtype == T_Q4_0:
+        size = Q4_1_NBYTES if gtype == T_Q4_1 else Q4_0_NBYTES
+        for b in range(k // BLOCK):
+            base = b * size
+            d = half(w[base], w[base + 1])
+            m = half(w[base + 2], w[base + 3]) if gtype == T_Q4_1 else np.float32(-8.0) * d
+            qs = base + size - NIBBLE_BYTES
+            for j in range(NIBBLE_BYTES):
+                lo, hi = nibbles(w[qs + j])
+                out[b * BLOCK + j] = d * lo + m
+                out[b * BLOCK + NIBBLE_BYTES + j] = d * hi + m
+    elif gtype == T_Q8_0:
+        for b in range(k // BLOCK):
+            base = b * Q8_0_NBYTES
+            d = half(w[base], w[base + 1])
+            for j in range(BLOCK):
+                out[b * BLOCK + j] = d * np.float32(np.int8(w[base + Q8_0_QUANTS_AT + j]))
+    elif gtype == T_F32:
+        out[:] = w[: 4 * k].view(np.float32)
+    elif gtype == T_F16:
+        for i in range(k):
+            out[i] = half(w[2 * i], w[2 * i + 1])
+    elif gtype == T_BF16:
+        bits = w[: 2 * k].view(np.uint16).astype(np.uint32) << np.uint32(16)  # stays uint32
+        out[:] = bits.view(np.float32)
+    elif not decode_row(w, gtype, out):  # the formats computed on in place
+        raise ValueError("dequantize_row: a block type the kernels do not compute on")
 
 
 def dequantize_blocks(blocks: np.ndarray, gtype: GGMLType) -> np.ndarray:

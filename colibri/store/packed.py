@@ -30,9 +30,8 @@ re-expressed as ``d q + m`` into these lanes (``colibri.store.lanes``: the Q5 fo
 file's blocks (``Kind.BLOCKS``, decoded by ``colibri.store.blocks``), no bigger than the file.
 
 Q8_0's quants are kept *biased* (``q + 128``, an unsigned byte, with ``m = -128 d``): the integer
-dot product multiplies unsigned weight bytes by signed activation bytes. Rows decoded to float32
-(``dequantize_row``) split nibbles in float32 arithmetic (``nibbles``): numba's own loops widen
-small integers to int64.
+dot product multiplies unsigned weight bytes by signed activation bytes. Float formats are
+widened by ``blocks.dequantize_row``.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ import numba as nb
 import numpy as np
 
 from colibri.store.arena import Arena
-from colibri.store.blocks import F16_TABLE, JIT_OPTIONS, decode_row, half  # noqa: F401 (re-exported)
+from colibri.store.blocks import JIT_OPTIONS, dequantize_row, half
 from colibri.store.formats import BLOCK, FORMATS, GGMLType, Kind, computed_format, row_nbytes
 from colibri.store.lanes import (
     FIVE_BIT,
@@ -80,18 +79,7 @@ OFFSET_Q5 = np.float32(-16.0)  # Q5_0's: value = d (q - 16)
 KIND_F32, KIND_Q4, KIND_Q8, KIND_BLOCKS = int(Kind.FLOAT), int(Kind.Q4), int(Kind.Q8), int(Kind.BLOCKS)
 KIND_Q5 = int(Kind.Q5)
 
-T_F32 = int(GGMLType.F32)
-T_F16 = int(GGMLType.F16)
-T_BF16 = int(GGMLType.BF16)
-T_Q8_0 = int(GGMLType.Q8_0)
-T_Q4_0 = int(GGMLType.Q4_0)
-T_Q4_1 = int(GGMLType.Q4_1)
 T_Q5_0 = int(GGMLType.Q5_0)
-# Block sizes for ``dequantize_row``, from the table (numba reads module constants, not dicts).
-Q4_0_NBYTES = FORMATS[GGMLType.Q4_0].nbytes
-Q4_1_NBYTES = FORMATS[GGMLType.Q4_1].nbytes
-Q8_0_NBYTES = FORMATS[GGMLType.Q8_0].nbytes
-Q8_0_QUANTS_AT = FORMATS[GGMLType.Q8_0].pack.quants_at
 
 
 class Weight(NamedTuple):
@@ -330,15 +318,6 @@ def block_row(w: Weight, r: int) -> tuple[int, int]:
     return w.parts[p, 1] + (r - w.parts[p, 0]) * w.parts[p, 2], w.parts[p, 3]
 
 
-@nb.njit(inline="always", **JIT_OPTIONS)
-def nibbles(byte: np.uint8) -> tuple[np.float32, np.float32]:
-    """(low, high) nibble of a byte as float32. Split in float arithmetic on purpose: numba
-    widens integer ``&`` and ``>>`` to int64, which halves the SIMD lanes (2.5x slower here)."""
-    v = np.float32(byte)
-    hi = np.floor(v * np.float32(0.0625))
-    return v - np.float32(16.0) * hi, hi
-
-
 @nb.njit(**JIT_OPTIONS)
 def _pack_rows(raw: np.ndarray, size: int, quants_at: int, min_at: int, offset_scale: float,
                flip: np.uint8, row0: int, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
@@ -492,37 +471,3 @@ def _pack_fives(raw: np.ndarray, gtype: int, size: int, row0: int, q: np.ndarray
                     q[g, b, p, QUAD * lane + k] = (lo & np.uint8(15)) | ((hi & np.uint8(15)) << np.uint8(4))
                     fifth |= ((lo >> np.uint8(4)) << np.uint8(p)) | ((hi >> np.uint8(4)) << np.uint8(4 + p))
                 q[g, b, Q4_BYTES // QUAD, QUAD * lane + k] = fifth
-
-
-@nb.njit(**JIT_OPTIONS)
-def dequantize_row(w: np.ndarray, gtype: int, out: np.ndarray) -> None:
-    """Expand one raw GGUF row ``w`` into ``out`` (float32, the row's length): embeddings, norms,
-    routers and float-widened matrices. A type with no branch here raises."""
-    k = out.shape[0]
-    if gtype == T_Q4_1 or gtype == T_Q4_0:
-        size = Q4_1_NBYTES if gtype == T_Q4_1 else Q4_0_NBYTES
-        for b in range(k // BLOCK):
-            base = b * size
-            d = half(w[base], w[base + 1])
-            m = half(w[base + 2], w[base + 3]) if gtype == T_Q4_1 else np.float32(-8.0) * d
-            qs = base + size - Q4_BYTES
-            for j in range(Q4_BYTES):
-                lo, hi = nibbles(w[qs + j])
-                out[b * BLOCK + j] = d * lo + m
-                out[b * BLOCK + Q4_BYTES + j] = d * hi + m
-    elif gtype == T_Q8_0:
-        for b in range(k // BLOCK):
-            base = b * Q8_0_NBYTES
-            d = half(w[base], w[base + 1])
-            for j in range(BLOCK):
-                out[b * BLOCK + j] = d * np.float32(np.int8(w[base + Q8_0_QUANTS_AT + j]))
-    elif gtype == T_F32:
-        out[:] = w[: 4 * k].view(np.float32)
-    elif gtype == T_F16:
-        for i in range(k):
-            out[i] = half(w[2 * i], w[2 * i + 1])
-    elif gtype == T_BF16:
-        bits = w[: 2 * k].view(np.uint16).astype(np.uint32) << np.uint32(16)  # stays uint32
-        out[:] = bits.view(np.float32)
-    elif not decode_row(w, gtype, out):  # the formats computed on in place
-        raise ValueError("dequantize_row: a block type the kernels do not compute on")

@@ -19,7 +19,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from colibri.store.packed import GROUP, JIT_OPTIONS, Weight, block_row, dequantize_row
+from colibri.store.blocks import dequantize_row
+from colibri.store.packed import GROUP, JIT_OPTIONS, Weight, block_row
 
 # Weight rows per BLAS tile: 256 rows of 1536 floats is 1.5 MB, about what L2 holds.
 TILE_ROWS = 256

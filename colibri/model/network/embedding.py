@@ -10,8 +10,8 @@ import numpy as np
 from colibri.model.kernels.ops import rmsnorm
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.model.network.weights import load_vector, load_weight
+from colibri.store.blocks import dequantize_row
 from colibri.store.gguf import GGUFFile
-from colibri.store.packed import dequantize_row
 
 
 @nb.njit(nogil=True, cache=True)

@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from colibri.store.arena import Arena
+from colibri.store.blocks import dequantize_row
 from colibri.store.gguf import GGUFError, GGUFFile
-from colibri.store.packed import KIND_BLOCKS, Weight, dequantize_row, make_weight
+from colibri.store.packed import KIND_BLOCKS, Weight, make_weight
 
 _EMPTY = np.zeros(0, np.float32)
 # The packed matrices of every model this process loads: they live as long as their model, in
