@@ -183,9 +183,9 @@ HALF_SCALES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q
 
 # The formats whose block scales are their super-block's half times a small integer per block
 # (``lanes.sub_scales``): a stack of only these keeps that integer per block (``sd``, ``sm``) and
-# one float32 per super-block, 1.1-1.3 bytes of scales per block and row where a float32 per block
-# took 4 (and 4 more for m): Q4_K's packed row 24 -> 19 bytes per 32 values, Q6_K's 20 -> 17.25
-# per 16. The kernels multiply them back (the same float32 product the decoder makes).
+# one float32 per super-block, 1.25-1.5 bytes a scale per block and row where a float32 per block
+# took 4: Q4_K's packed row (d and m) 24 -> 19 bytes per 32 values, Q6_K's (d) 20 -> 17.25 per 16.
+# The kernels multiply them back (the same float32 product the decoder makes).
 SUB_SCALED = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
 
 
