@@ -244,8 +244,6 @@ def decode_row(w: np.ndarray, gtype: int, out: np.ndarray) -> bool:
     return True
 
 
-
-
 @nb.njit(inline="always", **JIT_OPTIONS)
 def nibbles(byte: np.uint8) -> tuple[np.float32, np.float32]:
     """(low, high) nibble of a byte as float32. Split in float arithmetic on purpose: numba

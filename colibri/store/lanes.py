@@ -8,8 +8,8 @@ multiplied out: d' = d * sc, m' = -dmin * mn), and IQ4_NL/IQ4_XS (the grid's val
 m = -128 d). Q2_K, Q3_K and Q6_K scale every 16 values: they pack into Q8 with 16-value blocks
 (``lane_row16``; a stack mixing them with the others takes 16-value blocks throughout, a 32-value
 block's scale written twice). The K-quants' scales are also given as the file keeps them
-(``sub_scales``: a half per super-block, an integer per block), which the packing keeps instead of
-a float32 per block where every part is a K-quant.
+(``sub_scales``: d per super-block, the file's half widened, and an integer per block), which the
+packing keeps instead of a float32 per block where every part is a K-quant.
 
 ``lane_row`` turns one raw row into quants, scales and offsets, with the decoders' arithmetic
 (``blocks.py``), so that ``d * q + m`` is the decoded value to float32 rounding. Q4_0, Q4_1 and
@@ -257,6 +257,7 @@ def sub_scales(w: np.ndarray, gtype: int, per: int, d_sup: np.ndarray, m_sup: np
     for b in range(d_sup.shape[0]):
         base = b * size
         if q6:
+            assert per == HALF_BLOCK, "Q6_K scales every 16 values"
             dd = half(w[base + 208], w[base + 209])
             d_sup[b], m_sup[b] = dd, np.float32(-128.0) * dd
             for j in range(subs):  # per is 16: Q6_K's own scales

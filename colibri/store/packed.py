@@ -120,14 +120,14 @@ _EMPTY_PARTS = np.zeros((0, 4), np.int64)
 # stay a homogeneous tuple whichever kinds they hold.
 _EMPTY_RAW = np.zeros(0, np.uint8)
 _EMPTY_RAW.setflags(write=False)
-def weight_nbytes(w: Weight) -> int:
-    """Bytes of every array a weight holds (what ``packed_nbytes`` predicts, with the part table)."""
-    return sum(a.nbytes for a in w if isinstance(a, np.ndarray))
-
-
 # No matrix (a layer without a shared expert), typed as every other weight.
 EMPTY_WEIGHT = Weight(KIND_F32, 0, _EMPTY_Q, _EMPTY_S, _EMPTY_S, _EMPTY_F, _EMPTY_RAW, _EMPTY_PARTS, _EMPTY_H,
                       _EMPTY_H, _EMPTY_I, _EMPTY_I)
+
+
+def weight_nbytes(w: Weight) -> int:
+    """Bytes of every array a weight holds (what ``packed_nbytes`` predicts, with the part table)."""
+    return sum(a.nbytes for a in w if isinstance(a, np.ndarray))
 
 
 def packed_kind(types: list[int], lanes: bool = True) -> int:
