@@ -170,6 +170,13 @@ def _q45_k(w: np.ndarray, out: np.ndarray, size: int, fifth_bit: bool) -> None:
                 out[y + 32 + i] = d2 * np.float32((v >> 4) + h2) - m2
 
 
+@nb.njit(inline="always", **JIT_OPTIONS)
+def _q6_k_scale(w: np.ndarray, base: int, j: int) -> np.int64:
+    """Scale j (0..15, one per 16 values) of the Q6_K block at ``base``: a signed byte."""
+    s = np.int64(w[base + 192 + j])
+    return s - 256 if s >= 128 else s
+
+
 @nb.njit(**JIT_OPTIONS)
 def _q6_k(w: np.ndarray, out: np.ndarray) -> None:
     """ql[128] (low 4 bits), qh[64] (high 2 bits), scales int8[16], d."""
@@ -177,14 +184,13 @@ def _q6_k(w: np.ndarray, out: np.ndarray) -> None:
         base = b * Q6_K_SIZE
         d = half(w[base + 208], w[base + 209])
         for n in range(2):
-            ql, qh, sc, y = base + 64 * n, base + 128 + 32 * n, base + 192 + 8 * n, b * QK_K + 128 * n
+            ql, qh, y = base + 64 * n, base + 128 + 32 * n, b * QK_K + 128 * n
             for i in range(32):
                 lo0, lo1, h = np.int64(w[ql + i]), np.int64(w[ql + i + 32]), np.int64(w[qh + i])
                 qv = ((lo0 & 0xF) | ((h & 3) << 4), (lo1 & 0xF) | (((h >> 2) & 3) << 4),
                       (lo0 >> 4) | (((h >> 4) & 3) << 4), (lo1 >> 4) | (((h >> 6) & 3) << 4))
                 for k in range(4):
-                    s = np.int64(w[sc + i // 16 + 2 * k])
-                    s = s - 256 if s >= 128 else s
+                    s = _q6_k_scale(w, base, 8 * n + i // 16 + 2 * k)
                     out[y + i + 32 * k] = d * np.float32(s) * np.float32(qv[k] - 32)
 
 

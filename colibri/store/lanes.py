@@ -43,6 +43,7 @@ from colibri.store.blocks import (
     T_Q5_K,
     T_Q6_K,
     _q3_k_scale,
+    _q6_k_scale,
     _scale_min_k4,
     _u32,
     half,
@@ -208,10 +209,8 @@ def _q6_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
         base = b * Q6_K_SIZE
         dd = half(w[base + 208], w[base + 209])
         for sub in range(QK_K // HALF_BLOCK):
-            sc = np.int64(w[base + 192 + sub])
-            sc = sc - 256 if sc >= 128 else sc
             at = b * (QK_K // HALF_BLOCK) + sub
-            d[at] = dd * np.float32(sc)
+            d[at] = dd * np.float32(_q6_k_scale(w, base, sub))
             m[at] = np.float32(-128.0) * d[at]
         for n in range(2):
             ql, qh, y = base + 64 * n, base + 128 + 32 * n, b * QK_K + 128 * n
@@ -261,8 +260,7 @@ def sub_scales(w: np.ndarray, gtype: int, per: int, d_sup: np.ndarray, m_sup: np
             dd = half(w[base + 208], w[base + 209])
             d_sup[b], m_sup[b] = dd, np.float32(-128.0) * dd
             for j in range(subs):  # per is 16: Q6_K's own scales
-                sc = np.int64(w[base + 192 + j])
-                sd[b * subs + j] = sm[b * subs + j] = sc - 256 if sc >= 128 else sc
+                sd[b * subs + j] = sm[b * subs + j] = _q6_k_scale(w, base, j)
         else:
             d_sup[b], m_sup[b] = half(w[base], w[base + 1]), -half(w[base + 2], w[base + 3])
             for j in range(subs):
