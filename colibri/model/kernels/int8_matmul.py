@@ -56,6 +56,8 @@ from colibri.store.packed import (
     OFFSET_Q4,
     OFFSET_Q5,
     OFFSET_Q8,
+    Q5_BYTES,
+    QUAD,
     Weight,
     slot,
 )
@@ -172,7 +174,7 @@ def _halves(v, h, p: int, bits: int):  # noqa: ANN001, ANN202
 
 
 @nb.njit(inline="always", **_JIT)
-def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
+def _row_block_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
     """One block of one activation row against a group's 32 weight rows, two vectors of 16: each
     level's integer sum per vector, from zero sums ``z``. Both vectors take the same steps as in
     ``_four_blocks``; here they share the activation loads and read the group's bytes in order.
@@ -199,8 +201,25 @@ def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  
     return a1, a2, c1, c2
 
 
+# Q5's loops in a copy of their own, its width and its quads per block constants: the quad
+# loop then unrolls and the fifth bits' shifts (by the quad's index) become immediates, where a
+# run-time width kept a test, a variable shift and the masks' loads in every quad. The default
+# model's Q4_K_M (mostly Q5_0 where its rows of 576 take no K-quant) decodes 10% faster at one
+# row and 6% at 16 (docs/performance.md); Q4's and Q8's copies (tried) gave nothing measurable
+# and cost compile time, so they keep the shared loop.
+Q5_QUADS = Q5_BYTES // QUAD
+
+
 @nb.njit(inline="always", **_JIT)
-def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
+def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
+    """``_row_block_of``, Q5's copy with its width and quads constants (``Q5_QUADS``)."""
+    if bits == 5:
+        return _row_block_of(z, qf, base, Q5_QUADS, xqf, x0, k, 5)
+    return _row_block_of(z, qf, base, quads, xqf, x0, k, bits)
+
+
+@nb.njit(inline="always", **_JIT)
+def _four_blocks_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
     """``_row_block`` for four activation rows (``LEVELS k`` apart in ``xqf``), each weight vector
     loaded and split once. Each row's sums take ``_row_block``'s steps."""
     a1 = a2 = b1 = b2 = c1 = c2 = e1 = e2 = z
@@ -226,6 +245,14 @@ def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):
             c1, c2 = _dot(c1, c2, v, xqf, at + 2 * r, k)
             e1, e2 = _dot(e1, e2, v, xqf, at + 3 * r, k)
     return a1, a2, b1, b2, c1, c2, e1, e2
+
+
+@nb.njit(inline="always", **_JIT)
+def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
+    """``_four_blocks_of``, Q5's copy with its width and quads constants (``Q5_QUADS``)."""
+    if bits == 5:
+        return _four_blocks_of(z, qf, base, Q5_QUADS, xqf, x0, k, 5)
+    return _four_blocks_of(z, qf, base, quads, xqf, x0, k, bits)
 
 
 @nb.njit(inline="always", **_JIT)
