@@ -261,8 +261,8 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
     """Rows ``GROUP g ..`` of W against every activation row: four rows at a time, one vector of
     16 weight rows after the other, then the rest of the rows one at a time, both vectors at once.
     ``ds``, ``ms``: the weight's scales and offsets, float32 or halves (d and m, or dh and mh).
-    One copy of the loops for every kind, its bit width decided at run time: a copy per kind,
-    with it constant, made 16 rows 12% faster but compiled 3.5-4x slower (docs/performance.md)."""
+    One copy of the loops for every kind, its bit width decided at run time (a copy per kind
+    made 16 rows 12% faster but compiled 3.5-4x slower), but Q5's block loops (``Q5_QUADS``)."""
     bits = 4 if w.kind == KIND_Q4 else 5 if w.kind == KIND_Q5 else 8
     off = _OFF_Q4 if bits == 4 else _OFF_Q5 if bits == 5 else _OFF_Q8
     quads = w.q.shape[2]
