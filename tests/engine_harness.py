@@ -42,6 +42,7 @@ class EngineProcess:
         self.errors: list[Error] = []
         self.ready = trio.Event()
         self.closed = trio.Event()
+        self.read_ends: list[type] = []  # the last event each read of stdout completed
 
     @classmethod
     async def start(cls, nursery: trio.Nursery, *args: str, env: dict[str, str] | None = None,
@@ -64,7 +65,10 @@ class EngineProcess:
             data = await self.proc.stdout.receive_some(1 << 16)
             if not data:
                 break
-            for event in reader.receive_data(data):
+            events = reader.receive_data(data)
+            if events:
+                self.read_ends.append(type(events[-1]))
+            for event in events:
                 if isinstance(event, Ready):
                     self.ready.set()
                 rid = getattr(event, "id", 0)

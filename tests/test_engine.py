@@ -162,6 +162,16 @@ async def test_topk_lines(nursery):
     assert await engine.close() == 0
 
 
+async def test_a_tokens_lines_come_in_one_write(nursery):
+    """DATA and its TOPK leave the engine in one write (one wake-up of the server a token, not two):
+    no read of a prompt reader ends between them."""
+    engine = await EngineProcess.start(nursery, *engine_args(None), env={"SERVE_TOPK": "1"})
+    out = await engine.run(1, chat_prompt(QUESTIONS[1]), max_tokens=40)
+    assert out.final.emitted > 10 and len(engine.read_ends) > 10
+    assert Data not in engine.read_ends, engine.read_ends
+    assert await engine.close() == 0
+
+
 async def test_every_error_code_and_the_engine_goes_on(nursery):
     engine = await EngineProcess.start(nursery, *engine_args(None, slots=2, ctx=64))
     p = chat_prompt("hi").encode()

@@ -154,10 +154,19 @@ async def _read_channel(stdin: trio.lowlevel.FdStream, session) -> int:
 
 
 async def _writer(lines: trio.MemoryReceiveChannel[bytes], stdout: trio.lowlevel.FdStream) -> None:
+    """The output, one write for what a step emits: a token's DATA and TOPK are two items, and two
+    writes wake the reader twice (on two cores, each wake-up takes a core from the compute)."""
     async with stdout:
         async for data in lines:
+            await trio.lowlevel.checkpoint()  # the emitting task finishes its step's events first
+            batch = [data]
+            while True:
+                try:
+                    batch.append(lines.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
             try:
-                await stdout.send_all(data)
+                await stdout.send_all(b"".join(batch))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return  # the server went away: nothing left to tell it
 
