@@ -5,9 +5,10 @@
 
 Two processes side by side, each with 4 KV slots and no persistence: ``coli engine`` driven over
 its stdin/stdout (mux protocol), and ``coli serve`` on a loopback port driven with streaming chat
-completions (SSE over blocking sockets, read with h11). The engine gets the environment ``coli serve`` gives its own engine
-(``SERVE_TOPK=1 SERVE_BATCH=1``) and the very prompts the server renders with the model's chat
-template, and both sides pin request i to slot i, so the two paths run the same work.
+completions (SSE over blocking sockets, read with h11). The engine gets the environment ``coli
+serve`` gives its own engine (``SERVE_TOPK=1 SERVE_BATCH=1``) and the very prompts the server
+renders with the model's chat template, and both sides pin request i to slot i, so the two paths
+run the same work.
 
 A run submits N greedy requests at once. Its figure is the tokens per second of all streams
 together from the moment every stream has its first token (prefill excluded) to the last token:
