@@ -33,7 +33,8 @@ def _ids(text: str) -> list[int]:
 def _load(args: argparse.Namespace):
     from colibri.model.loader import Model  # imported here: numba is slow to import
 
-    return Model(settings.model_path(args), ram_budget=settings.ram_budget(args))
+    return Model(settings.model_path(args), ram_budget=settings.ram_budget(args),
+                 kv_type=settings.kv_type(args))
 
 
 def _check_ids(model, ids: list[int]) -> None:
@@ -204,7 +205,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
         state_dir=None if args.no_persist else settings.state_dir(args), prefill_chunk=chunk,
         protocol=settings.protocol(args), topk=settings.flag_env("SERVE_TOPK"),
         perf=settings.flag_env("SERVE_PERF"), max_tokens=args.max_tokens,
-        ram_budget=settings.ram_budget(args),
+        ram_budget=settings.ram_budget(args), kv_type=settings.kv_type(args),
     )
     return run_engine(cfg)
 
@@ -274,7 +275,7 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
         ctx=settings.resolve(args, settings.CTX), max_queue=max_queue, queue_timeout=timeout,
         cors_origins=settings.cors_origins(args),
         state_dir=None if args.no_persist else settings.state_dir(args),
-        insecure=args.insecure, ram_budget_gb=args.ram_budget,
+        insecure=args.insecure, ram_budget_gb=args.ram_budget, kv_type=settings.kv_type(args),
         web_dist=Path(web) if web else settings.WEB_CONSOLE_DIR,
         open_browser=open_browser, max_body=int(limits["max_body_mb"] * (1 << 20)),
         body_timeout_s=limits["body_timeout"], max_requests=limits["max_requests"],
@@ -320,7 +321,8 @@ def cmd_atlas(args: argparse.Namespace) -> int:
 def _add_model_commands(sub: argparse._SubParsersAction) -> None:
     """run, logits, tokenize: one process over the model, no engine."""
     run = sub.add_parser("run", help="generate a completion, streamed to stdout")
-    settings.add(run, settings.MODEL, settings.CTX, settings.PREFILL_CHUNK, settings.RAM_BUDGET)
+    settings.add(run, settings.MODEL, settings.CTX, settings.PREFILL_CHUNK, settings.RAM_BUDGET,
+                 settings.KV_TYPE)
     run.add_argument("prompt", nargs="?", metavar="PROMPT")
     run.add_argument("--system", help="system message for the chat template")
     run.add_argument("--raw", action="store_true",
@@ -338,7 +340,8 @@ def _add_model_commands(sub: argparse._SubParsersAction) -> None:
     run.set_defaults(func=cmd_run)
 
     logits = sub.add_parser("logits", help="top logits at every prompt position, as JSON lines")
-    settings.add(logits, settings.MODEL, settings.CTX, settings.PREFILL_CHUNK, settings.RAM_BUDGET)
+    settings.add(logits, settings.MODEL, settings.CTX, settings.PREFILL_CHUNK, settings.RAM_BUDGET,
+                 settings.KV_TYPE)
     src = logits.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt-ids", metavar="IDS")
     src.add_argument("--raw", metavar="TEXT")
@@ -358,7 +361,7 @@ def _add_engine_commands(sub: argparse._SubParsersAction) -> None:
     Channel protocols."""
     engine = sub.add_parser("engine", help="the engine process: serve_protocol.md on stdin/stdout")
     settings.add(engine, settings.MODEL, settings.KV_SLOTS, settings.CTX, settings.STATE_DIR,
-                 settings.PREFILL_CHUNK, settings.RAM_BUDGET)
+                 settings.PREFILL_CHUNK, settings.RAM_BUDGET, settings.KV_TYPE)
     engine.add_argument("--protocol", choices=("mux", "legacy", "channel"),
                         help="default: mux (SERVE_BATCH=1); legacy with SERVE=1 alone; channel: the "
                              "binary frames of docs/channel_protocol.md. A SUBMIT's text, legacy "
@@ -391,7 +394,7 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
         settings.add(srv, settings.MODEL, settings.HOST, settings.PORT, settings.MODEL_ID, settings.API_KEY,
                      settings.SERVE_SLOTS, settings.MAX_QUEUE, settings.QUEUE_TIMEOUT, settings.CTX,
                      settings.STATE_DIR, settings.WEB_DIST, settings.RAM_BUDGET, *settings.HTTP_LIMITS,
-                     settings.PREFIX_SHARE, settings.REPLICA_ID)
+                     settings.PREFIX_SHARE, settings.REPLICA_ID, settings.KV_TYPE)
         cors = settings.CORS_ORIGINS
         srv.add_argument(cors.flag, dest=cors.name, action="append", metavar="ORIGIN",
                          help=f"{cors.help} [{cors.env}]")

@@ -44,6 +44,13 @@ PREFILL_CHUNK = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK"
                         "prefill and bounds a step's scratch memory")
 
 
+# Halves, llama.cpp's default cache type: half float32's memory, and decode attention at long
+# contexts (which waits on the cache's bytes) ~1.3x faster at position 1200 on SmolLM2 (measured,
+# docs/performance.md); f32 keeps keys and values as computed, for comparisons with references
+# that do (transformers). The engine a command starts inherits COLI_KV_TYPE.
+KV_TYPE = Setting("kv_type", "--kv-type", "COLI_KV_TYPE", "f16", str,
+                  "KV cache element type: f16 (IEEE halves) or f32")
+KV_TYPE_CHOICES = ("f16", "f32")  # colibri.model.kv_cache.KV_TYPES' names (tests/test_cli.py checks)
 KV_SLOTS = Setting("kv_slots", "--kv-slots", "KV_SLOTS", 1, int,
                    "KV slots: conversations the engine holds and batches (1-16)")
 STATE_DIR = Setting("state_dir", "--state-dir", "COLI_STATE_DIR", None, str,
@@ -210,3 +217,12 @@ def model_path(args: argparse.Namespace) -> Path:
 # ``coli atlas`` writes the expert atlas here in the state directory; ``coli serve`` publishes it at
 # /atlas (one name both sides agree on).
 ATLAS_FILE = "experts.json"
+
+
+def kv_type(args: argparse.Namespace) -> str:
+    """``--kv-type`` / COLI_KV_TYPE, checked."""
+    value = resolve(args, KV_TYPE)
+    if value not in KV_TYPE_CHOICES:
+        choices = ", ".join(KV_TYPE_CHOICES)
+        raise ConfigError(f"--kv-type/COLI_KV_TYPE must be one of {choices}, got {value!r}")
+    return value

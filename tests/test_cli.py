@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+from colibri import settings
+from colibri.model.kv_cache import KV_TYPES
+
 
 def coli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "colibri", *args]
@@ -93,6 +96,7 @@ def test_info():
     (("run", "--prompt-ids", "999999"), "outside the vocabulary", 1),
     (("run", "--temperature", "-1", "hi"), "temperature", 1),
     (("run", "--top-p", "0", "hi"), "top_p", 1),
+    (("run", "--kv-type", "f8", "hi"), "--kv-type", 2),
 ])
 def test_bad_input_is_one_error_line(args, needle, status):
     proc = coli(*args, check=False)
@@ -100,6 +104,15 @@ def test_bad_input_is_one_error_line(args, needle, status):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("coli: error:") and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_kv_type_f32_and_f16_both_answer():
+    """The KV cache's type is a setting: float32 keeps keys and values as computed, halves (the
+    default) round them; the default model's greedy answer is the same words either way."""
+    outs = {t: coli("run", "--kv-type", t, "--max-tokens", "12", "What is 2+2?").stdout
+            for t in ("f32", "f16")}
+    assert outs["f32"].strip() and outs["f32"] == outs["f16"], outs
+    assert set(settings.KV_TYPE_CHOICES) == set(KV_TYPES)  # the flag's choices are the cache's types
 
 
 def test_info_lists_each_block_type_with_its_tensors_and_bytes():

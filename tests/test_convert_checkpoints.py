@@ -73,7 +73,7 @@ def test_nextn_layer_not_saved_converts_without_it(capsys, tmp_path: Path) -> No
     from colibri.model.generate import SingleSequence
     from colibri.model.loader import Model
 
-    model = Model(out)
+    model = Model(out, kv_type="f32")  # transformers' float32 keys and values
     assert model.hp.n_layers == 3
     ours = SingleSequence(model, 256, 512).prefill(prompt, all_logits=True)
     assert np.abs(ours - ref["logits"]).max() <= LOGIT_TOLERANCE

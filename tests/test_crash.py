@@ -142,9 +142,10 @@ class Checker:
     def load(self, slot: int) -> tuple[list[int] | None, np.ndarray, np.ndarray, list[str]]:
         kv = KVCache(self.model.hp, 1, CTX)
         warnings: list[str] = []
-        tokens = persist.load_slot(self.state_dir, slot, self.model_fp, self.layout_fp, kv.k[0], kv.v[0],
+        k, v = kv.slot(0)
+        tokens = persist.load_slot(self.state_dir, slot, self.model_fp, self.layout_fp, k, v,
                                    CTX, self.model.hp.n_vocab, warn=warnings.append)
-        return tokens, kv.k[0], kv.v[0], warnings
+        return tokens, k, v, warnings
 
     def check_usage(self) -> None:
         """``.coli_usage`` (empty routing heat for a dense model) is absent or whole."""
@@ -160,8 +161,9 @@ class Checker:
         rows = np.arange(n, dtype=np.int64)
         self.model.forward(np.asarray(tokens, np.int64), np.zeros(n, np.int64), rows, ref,
                            np.asarray([n - 1], np.int64), 0)
-        np.testing.assert_allclose(k[:, :n], ref.k[0, :, :n], rtol=1e-3, atol=1e-3)
-        np.testing.assert_allclose(v[:, :n], ref.v[0, :, :n], rtol=1e-3, atol=1e-3)
+        ref_k, ref_v = ref.slot(0)
+        np.testing.assert_allclose(k[:, :n], ref_k[:, :n], rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(v[:, :n], ref_v[:, :n], rtol=1e-3, atol=1e-3)
         assert not k[:, n:].any() and not v[:, n:].any()
 
 

@@ -395,10 +395,13 @@ def attention_reference(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n_h
 def test_attention_ragged_batch_two_slots_gqa():
     n_heads, n_kv, head_dim, n_layers, n_ctx, layer = 4, 2, 16, 2, 32, 1
     rng = np.random.default_rng(13)
-    k_cache = np.zeros((2, n_layers, n_ctx, n_kv, head_dim), np.float32)
+    k_cache = np.zeros((2, n_layers, n_ctx, n_kv, head_dim), np.uint16)  # halves' bits (kv_cache)
     v_cache = np.zeros_like(k_cache)
     hist_k = {s: rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float32) * 2 for s in (0, 1)}
     hist_v = {s: rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float32) for s in (0, 1)}
+    # what the cache holds: each value rounded to a half, as numpy rounds (to nearest, ties even)
+    half_k = {s: a.astype(np.float16) for s, a in hist_k.items()}
+    half_v = {s: a.astype(np.float16) for s, a in hist_v.items()}
 
     def step(slots: list[int], positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
         sl, ps = np.array(slots, np.int32), np.array(positions, np.int32)
@@ -414,13 +417,13 @@ def test_attention_ragged_batch_two_slots_gqa():
     slots, positions = [0, 0, 0, 0, 0, 1, 1], [0, 1, 2, 3, 4, 7, 8]  # a prefill and two decodes
     q, out = step(slots, positions)
     for t, (s, p) in enumerate(zip(slots, positions, strict=True)):
-        ref = attention_reference(q[t], hist_k[s][: p + 1], hist_v[s][: p + 1], n_heads, n_kv, head_dim)
+        ref = attention_reference(q[t], half_k[s][: p + 1], half_v[s][: p + 1], n_heads, n_kv, head_dim)
         np.testing.assert_allclose(out[t], ref, rtol=1e-4, atol=1e-5)
     # a row at position 0 sees only its own value
     np.testing.assert_allclose(out[0].reshape(n_heads, head_dim),
-                               hist_v[0][0][np.arange(n_heads) // 2], rtol=1e-5, atol=1e-6)
-    assert np.array_equal(k_cache[1, layer, :9], hist_k[1][:9])
-    assert np.array_equal(v_cache[0, layer, :5], hist_v[0][:5])
+                               half_v[0][0][np.arange(n_heads) // 2], rtol=1e-5, atol=1e-6)
+    assert np.array_equal(k_cache[1, layer, :9].view(np.float16), half_k[1][:9])
+    assert np.array_equal(v_cache[0, layer, :5].view(np.float16), half_v[0][:5])
     assert not k_cache[:, 0].any() and not k_cache[0, layer, 5:].any() and not v_cache[1, layer, 9:].any()
 
     # decode rows of both slots first, then a prompt run of slot 0: every row matches the reference
@@ -428,7 +431,7 @@ def test_attention_ragged_batch_two_slots_gqa():
     slots, positions = [1, 0, 0, 0, 0], [9, 5, 6, 7, 8]
     q, out = step(slots, positions)
     for t, (s, p) in enumerate(zip(slots, positions, strict=True)):
-        ref = attention_reference(q[t], hist_k[s][: p + 1], hist_v[s][: p + 1], n_heads, n_kv, head_dim)
+        ref = attention_reference(q[t], half_k[s][: p + 1], half_v[s][: p + 1], n_heads, n_kv, head_dim)
         np.testing.assert_allclose(out[t], ref, rtol=1e-4, atol=1e-5)
     for t in range(len(slots)):
         alone = np.full_like(q[t : t + 1], np.nan)

@@ -111,7 +111,7 @@ def compared(request: pytest.FixtureRequest, files, prompts):
     llm = llama_model(path)
     runs = peer_runs(llm, prompts, N_NEW)
     del llm
-    model = Model(path)
+    model = Model(path, kv_type="f32")  # llama.cpp here keeps F32 keys and values (quant_harness)
     ours = [SingleSequence(model, N_CTX, 512).prefill(r.prompt + r.continuation, all_logits=True)
             for r in runs]
     return request.param, path, model, runs, ours
@@ -212,7 +212,7 @@ def test_a_small_ram_budget_gives_the_same_bits(compared) -> None:
     again, the resident ones evicted; prefill and token-by-token logits bitwise the unbounded's."""
     name, path, model, runs, ours = compared
     budget = 3 * model.decoder.experts.expert_nbytes
-    small = Model(path, ram_budget=budget)
+    small = Model(path, ram_budget=budget, kv_type="f32")
     for run, logits in zip(runs, ours, strict=True):
         seq = run.prompt + run.continuation
         np.testing.assert_array_equal(SingleSequence(small, N_CTX, 512).prefill(seq, all_logits=True), logits,

@@ -25,7 +25,7 @@ def anon():
 class HP:  # the default model's attention shape
     n_layers, n_kv_heads, head_dim = 30, 3, 64
 
-kv = KVCache(HP, 4, 4096)
+kv = KVCache(HP, 8, 4096)
 before = anon()
 for layer in range(HP.n_layers):  # the first token of slot 0
     kv.k[0, layer, 0] = 1.0
@@ -43,6 +43,6 @@ def test_a_slots_first_token_costs_pages_not_huge_pages():
     """numpy asks for transparent huge pages on large arrays; the first token of a slot then cost
     a 2 MiB page per layer for K and for V (120 MB here). The cache maps 4 KiB pages."""
     got = _probe(_KV_PROBE)
-    assert got["nbytes"] > 500 * MB  # 4 slots of 4096 positions: big enough to have had huge pages
+    assert got["nbytes"] > 500 * MB  # 8 slots of 4096 positions (halves): big enough to have had huge pages
     grew = got["grew"] / MB
     assert got["grew"] < 4 * MB, f"the first token of one slot grew anonymous memory by {grew:.1f} MB"

@@ -42,14 +42,14 @@ N_LAYERS, N_CTX, N_KV, HEAD_DIM, N_VOCAB = 3, 32, 2, 8, 500
 MODEL_FP = hashlib.sha256(b"model a").digest()
 LAYOUT_FP = layout_fingerprint(N_LAYERS, N_KV, HEAD_DIM)
 SHAPE = (N_LAYERS, N_CTX, N_KV, HEAD_DIM)
-ROW = N_KV * HEAD_DIM * 4  # bytes of one layer's K (or V) at one position
+ROW = N_KV * HEAD_DIM * 2  # bytes of one layer's K (or V) at one position: halves
 
 
 def state(n: int, seed: int = 0) -> tuple[list[int], np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     tokens = rng.integers(0, N_VOCAB, n).tolist()
-    k = rng.standard_normal(SHAPE).astype(np.float32)  # nonzero beyond n too: must not be written
-    v = rng.standard_normal(SHAPE).astype(np.float32)
+    k = rng.standard_normal(SHAPE).astype(np.float16)  # nonzero beyond n too: must not be written
+    v = rng.standard_normal(SHAPE).astype(np.float16)
     return tokens, k, v
 
 
@@ -59,7 +59,7 @@ def file_size(n: int) -> int:
 
 def load(d: Path, slot: int = 0, **kw) -> tuple[list[int] | None, np.ndarray, np.ndarray]:
     """load_slot into fresh outputs filled with a sentinel (to see what was and was not written)."""
-    k_out, v_out = np.full(SHAPE, 7, np.float32), np.full(SHAPE, 7, np.float32)
+    k_out, v_out = np.full(SHAPE, 7, np.float16), np.full(SHAPE, 7, np.float16)
     args = dict(model_fp=MODEL_FP, layout_fp=LAYOUT_FP, max_tokens=N_CTX, n_vocab=N_VOCAB) | kw
     return load_slot(d, slot, k_out=k_out, v_out=v_out, **args), k_out, v_out
 
@@ -123,13 +123,14 @@ def test_slots_have_their_own_files_and_a_kv_cache_slot_round_trips(tmp_path):
                  context_length=N_CTX)
     kv, fresh = KVCache(hp, n_slots=4, n_ctx=N_CTX), KVCache(hp, n_slots=4, n_ctx=N_CTX)
     for slot, n in ((0, 5), (3, 12)):
-        tokens, kv.k[slot], kv.v[slot] = state(n, seed=slot)
-        save_slot(tmp_path, slot, tokens, kv.k[slot], kv.v[slot], MODEL_FP, LAYOUT_FP)
+        k, v = kv.slot(slot)
+        tokens, k[...], v[...] = state(n, seed=slot)
+        save_slot(tmp_path, slot, tokens, k, v, MODEL_FP, LAYOUT_FP)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".coli_kv", ".coli_kv.3"]
     assert slot_path(tmp_path, 0) == tmp_path / ".coli_kv"
     assert slot_path(tmp_path, 3) == tmp_path / ".coli_kv.3"
     for slot, n in ((0, 5), (3, 12)):
-        got = load_slot(tmp_path, slot, MODEL_FP, LAYOUT_FP, fresh.k[slot], fresh.v[slot], N_CTX, N_VOCAB)
+        got = load_slot(tmp_path, slot, MODEL_FP, LAYOUT_FP, *fresh.slot(slot), N_CTX, N_VOCAB)
         assert got == state(n, seed=slot)[0]
         assert np.array_equal(fresh.k[slot, :, :n], kv.k[slot, :, :n])
         assert np.array_equal(fresh.v[slot, :, :n], kv.v[slot, :, :n])
@@ -167,7 +168,7 @@ def test_save_rejects_bad_arguments(tmp_path):
     with pytest.raises(ValueError):
         save_slot(tmp_path, 0, [-1], k, v, MODEL_FP, LAYOUT_FP)
     with pytest.raises(ValueError):
-        save_slot(tmp_path, 0, tokens, k.astype(np.float16), v, MODEL_FP, LAYOUT_FP)
+        save_slot(tmp_path, 0, tokens, k.astype(np.float32), v, MODEL_FP, LAYOUT_FP)
     with pytest.raises(ValueError):
         save_slot(tmp_path, 0, tokens, k, v[:2], MODEL_FP, LAYOUT_FP)
     with pytest.raises(ValueError):
@@ -260,7 +261,7 @@ def test_wrong_magic_and_text_mode_mangling(saved, capsys):
     expect_cold(capsys, d, fragment="bad magic")
 
 
-@pytest.mark.parametrize("version, word", [(2, "newer"), (0, "older")])
+@pytest.mark.parametrize("version, word", [(3, "newer"), (1, "older")])
 def test_other_format_version(saved, capsys, version, word):
     d, path, _ = saved
     rewrite_header(path, version=version)
@@ -271,7 +272,7 @@ def test_foreign_files(saved, capsys):
     d, _, n = saved
     expect_cold(capsys, d, fragment="another model", model_fp=hashlib.sha256(b"model b").digest())
     expect_cold(capsys, d, fragment="another KV cache layout",
-                layout_fp=layout_fingerprint(N_LAYERS, N_KV, HEAD_DIM, dtype="float16"))
+                layout_fp=layout_fingerprint(N_LAYERS, N_KV, HEAD_DIM, dtype="float32"))
     expect_cold(capsys, d, fragment=f"{n} tokens exceed the context of {n - 1}", max_tokens=n - 1)
     assert load(d, max_tokens=n)[0] is not None
 
@@ -307,7 +308,7 @@ def test_custom_warn_gets_the_message_once(saved, capsys):
     d, path, _ = saved
     flip(path, path.stat().st_size - 1)
     seen: list[str] = []
-    k_out, v_out = np.zeros(SHAPE, np.float32), np.zeros(SHAPE, np.float32)
+    k_out, v_out = np.zeros(SHAPE, np.float16), np.zeros(SHAPE, np.float16)
     assert load_slot(d, 0, MODEL_FP, LAYOUT_FP, k_out, v_out, N_CTX, N_VOCAB, warn=seen.append) is None
     assert seen == [f"{path}: payload checksum mismatch (damaged file), slot 0 starts cold"]
     assert capsys.readouterr().err == ""
@@ -359,14 +360,30 @@ def test_usage_bad_files(tmp_path, capsys):
     cold("bad magic")
 
 
+def test_a_float32_cache_round_trips_and_a_halves_cache_refuses_its_file(tmp_path, capsys):
+    """``--kv-type f32``: the payload carries float32, named by the layout fingerprint, so a cache
+    of halves (another layout) starts cold on that file rather than reading it as halves."""
+    tokens, k, v = state(6)
+    k32, v32 = k.astype(np.float32) / 3, v.astype(np.float32) / 3  # not representable as halves
+    layout32 = layout_fingerprint(N_LAYERS, N_KV, HEAD_DIM, "float32")
+    save_slot(tmp_path, 0, tokens, k32, v32, MODEL_FP, layout32)
+    assert slot_path(tmp_path, 0).stat().st_size == HEADER_SIZE + 6 * 4 + 2 * N_LAYERS * 6 * ROW * 2
+    k_out, v_out = np.zeros(SHAPE, np.float32), np.zeros(SHAPE, np.float32)
+    assert load_slot(tmp_path, 0, MODEL_FP, layout32, k_out, v_out, N_CTX, N_VOCAB) == tokens
+    assert k_out[:, :6].tobytes() == k32[:, :6].tobytes() and v_out[:, :6].tobytes() == v32[:, :6].tobytes()
+    expect_cold(capsys, tmp_path, fragment="another KV cache layout")  # LAYOUT_FP: halves
+    with pytest.raises(ValueError):  # K and V of two types
+        save_slot(tmp_path, 0, tokens, k32, v, MODEL_FP, layout32)
+
+
 # --- fingerprints -----------------------------------------------------------------------------------
 
 
 def test_layout_fingerprint_separates_every_parameter():
-    params = [(3, 2, 8), (4, 2, 8), (3, 4, 8), (3, 2, 16), (3, 2, 8, "float16")]
+    params = [(3, 2, 8), (4, 2, 8), (3, 4, 8), (3, 2, 16), (3, 2, 8, "float32")]
     fps = {layout_fingerprint(*p) for p in params}
     assert len(fps) == 5 and all(len(fp) == 32 for fp in fps)
-    assert layout_fingerprint(3, 2, 8) == layout_fingerprint(3, 2, 8, "float32")
+    assert layout_fingerprint(3, 2, 8) == layout_fingerprint(3, 2, 8, "float16")  # the cache's halves
 
 
 def write_gguf(path: Path, name: str, weight: float) -> Path:
@@ -403,7 +420,7 @@ def test_model_fingerprint_covers_header_and_size_not_weights(tmp_path):
 
 # --- atomicity under kill -9 ------------------------------------------------------------------------
 
-# Two states of ~2 MB of K/V each, built identically in the child and here.
+# Two states of ~1 MB of K/V (halves) each, built identically in the child and here.
 CRASH_STATES = r"""
 import numpy as np
 def crash_states():
@@ -411,8 +428,8 @@ def crash_states():
     out = []
     for seed, n in ((11, 1024), (12, 1000)):
         rng = np.random.default_rng(seed)
-        out.append((rng.integers(0, 50000, n).tolist(), rng.standard_normal(shape, np.float32),
-                    rng.standard_normal(shape, np.float32)))
+        out.append((rng.integers(0, 50000, n).tolist(), rng.standard_normal(shape).astype(np.float16),
+                    rng.standard_normal(shape).astype(np.float16)))
     return out
 """
 CRASH_CHILD = CRASH_STATES + r"""
@@ -437,7 +454,7 @@ def test_sigkill_during_saves_leaves_one_whole_state(tmp_path):
     model_fp, layout_fp = hashlib.sha256(b"crash").digest(), layout_fingerprint(2, 2, 64)
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    k_out, v_out = np.empty((2, 1024, 2, 64), np.float32), np.empty((2, 1024, 2, 64), np.float32)
+    k_out, v_out = np.empty((2, 1024, 2, 64), np.float16), np.empty((2, 1024, 2, 64), np.float16)
     ever_saved, mid_save, seen = 0, 0, set()
     for i in range(50):
         child = subprocess.Popen([sys.executable, "-c", CRASH_CHILD, str(tmp_path)], cwd=REPO,

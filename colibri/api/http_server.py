@@ -66,6 +66,7 @@ class ServeConfig:
     web_dist: Path | None
     open_browser: bool = False
     ram_budget_gb: float | None = None  # --ram-budget for the engine; None: its own default
+    kv_type: str = "f16"  # --kv-type for the engine
     max_body: int = MAX_BODY  # bytes
     body_timeout_s: float = BODY_TIMEOUT_S
     max_requests: int = MAX_CONCURRENT_REQUESTS
@@ -166,7 +167,8 @@ def prompt_ids(text: ModelText, gen: Generation) -> list[int]:
 
 def _engine(cfg: ServeConfig, n_ctx: int) -> EngineClient:
     """The ``coli engine`` child, told what this server was told."""
-    engine_args = ["--model", str(cfg.model_path), "--kv-slots", str(cfg.kv_slots), "--ctx", str(n_ctx)]
+    engine_args = ["--model", str(cfg.model_path), "--kv-slots", str(cfg.kv_slots), "--ctx", str(n_ctx),
+                   "--kv-type", cfg.kv_type]
     engine_args += ["--state-dir", str(cfg.state_dir)] if cfg.state_dir else ["--no-persist"]
     if cfg.ram_budget_gb is not None:  # else the engine resolves COLI_RAM_GB or its default itself
         engine_args += ["--ram-budget", str(cfg.ram_budget_gb)]

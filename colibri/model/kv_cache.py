@@ -13,24 +13,47 @@ import numpy as np
 from colibri.model.hparams import HParams
 
 
-def lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
-    """float32 zeros whose pages the kernel maps on first write, 4 KiB at a time.
+def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Zeros whose pages the kernel maps on first write, 4 KiB at a time.
 
     ``np.zeros`` is as lazy, but numpy asks for transparent huge pages on large arrays: then the
     first token of a slot faults in a 2 MiB page per layer for K and for V (120 MB for the default
     model's 30 layers, measured), and 16 short conversations cost gigabytes. An anonymous mapping
     with MADV_NOHUGEPAGE costs what is written."""
-    nbytes = int(np.prod(shape)) * 4
-    buf = mmap.mmap(-1, max(nbytes, 1))
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    buf = mmap.mmap(-1, max(count * dtype.itemsize, 1))
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(buf, np.float32, int(np.prod(shape))).reshape(shape)
+    return np.frombuffer(buf, dtype, count).reshape(shape)
+
+
+# The cache's element types (``--kv-type``). Halves by default (llama.cpp's default cache type):
+# half float32's bytes, which bound decode attention at long contexts. numba has no float16 on the
+# CPU, so the kernels see a cache of halves as their bits in uint16 (``kernels.halves``);
+# persistence sees float16 (``KVCache.slot``). float32 keeps every key and value as computed: the
+# forward pass compared with references that keep float32 caches (transformers, llama.cpp's F32).
+KV_TYPES = {"f16": np.dtype(np.float16), "f32": np.dtype(np.float32)}
+_STORED = {"f16": np.dtype(np.uint16), "f32": np.dtype(np.float32)}
+
+
+def kv_type_name(kv_type: str) -> str:
+    """``kv_type`` checked: one of KV_TYPES, else ValueError."""
+    if kv_type not in KV_TYPES:
+        raise ValueError(f"KV cache type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
+    return kv_type
 
 
 class KVCache:
-    def __init__(self, hp: HParams, n_slots: int, n_ctx: int) -> None:
+    def __init__(self, hp: HParams, n_slots: int, n_ctx: int, kv_type: str = "f16") -> None:
         shape = (n_slots, hp.n_layers, n_ctx, hp.n_kv_heads, hp.head_dim)
         self.n_slots, self.n_ctx = n_slots, n_ctx
+        self.dtype = KV_TYPES[kv_type_name(kv_type)]
         # Pages are mapped as they are written: an idle slot costs no RAM, a used one what it holds.
-        self.k = lazy_zeros(shape)
-        self.v = lazy_zeros(shape)
+        self.k = lazy_zeros(shape, _STORED[kv_type])
+        self.v = lazy_zeros(shape, _STORED[kv_type])
+
+    def slot(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """One slot's K and V as arrays of the cache's type ([n_layers, n_ctx, n_kv_heads,
+        head_dim]): what persistence writes and fills."""
+        return self.k[index].view(self.dtype), self.v[index].view(self.dtype)

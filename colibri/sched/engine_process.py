@@ -46,6 +46,7 @@ class EngineConfig:
     perf: bool = False  # SERVE_PERF=1: the spec's PERF, ENTROPY and GPUS lines before each DONE
     max_tokens: int = 512  # legacy: answer length when the client gives none
     ram_budget: int | None = None  # bytes of resident expert copies (MoE); None: no limit
+    kv_type: str = "f16"  # the KV cache's element type (colibri.model.kv_cache.KV_TYPES)
 
 
 def run_engine(cfg: EngineConfig) -> int:
@@ -53,7 +54,7 @@ def run_engine(cfg: EngineConfig) -> int:
     from colibri.model.loader import Model
 
     with ComputeThread() as compute:  # the model loads and computes on one thread (compute.py)
-        model = compute.call(lambda: Model(cfg.model_path, ram_budget=cfg.ram_budget))
+        model = compute.call(lambda: Model(cfg.model_path, ram_budget=cfg.ram_budget, kv_type=cfg.kv_type))
         n_ctx = min(cfg.n_ctx, model.hp.context_length)
         return trio.run(_main, cfg, model, n_ctx, compute)
 

@@ -33,7 +33,7 @@ SNAPSHOT_MAGIC = b"\x89CSN\r\n\x1a\n"
 MAX_SNAPSHOT_META = 16 << 20  # the session's JSON: a conversation's text, far below this
 # Bumped on any change to the header or payload layout; a file of another version is ignored (the
 # slot starts cold) rather than migrated: a KV cache is a cache, recomputing it is always correct.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: K/V in the cache's type, float16 or float32 (1: float32 only)
 
 # Header, little-endian: magic, version u32, reserved u32 (zero; aligns what follows to 16 bytes),
 # model fingerprint, layout fingerprint, count u64 (tokens, or heat elements), payload length u64,
@@ -44,7 +44,8 @@ HEADER_SIZE = _HEADER_BODY.size + DIGEST_BYTES  # 160
 _VERSION_AT = 8  # offset of the version field, read before the header checksum (see _check_header)
 
 TOKEN_DTYPE = np.dtype("<u4")  # token ids: every real vocabulary is far below 2**32
-KV_DTYPE = np.dtype("<f4")  # the payload is little-endian whatever the host, so files move between hosts
+# Payloads are little-endian whatever the host, so files move between hosts.
+HEAT_DTYPE = np.dtype("<f4")
 MAX_TOKEN_ID = 2**32 - 1  # the largest id a u32 holds
 # Write and hash in pieces of this size: a slot's KV can be hundreds of MB, and one bytes object of
 # that size would double the memory of a save. 4 MiB is large enough that per-call overhead is noise.
@@ -71,7 +72,7 @@ def warn_stderr(message: str) -> None:
 # --- fingerprints -----------------------------------------------------------------------------------
 
 
-def layout_fingerprint(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str = "float32") -> bytes:
+def layout_fingerprint(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str = "float16") -> bytes:
     """sha256 of the KV cache's shape per position and element type: a cache of another shape or
     dtype (another context-independent layout) must not be filled from this file."""
     desc = f"colibri kv layout v1\0{n_layers}\0{n_kv_heads}\0{head_dim}\0{np.dtype(dtype).str}"
@@ -79,7 +80,7 @@ def layout_fingerprint(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str
 
 
 def _usage_fingerprint(shape: tuple[int, ...]) -> bytes:
-    desc = "colibri usage layout v1\0" + ",".join(map(str, shape)) + "\0" + KV_DTYPE.str
+    desc = "colibri usage layout v1\0" + ",".join(map(str, shape)) + "\0" + HEAT_DTYPE.str
     return hashlib.sha256(desc.encode()).digest()
 
 
@@ -186,15 +187,15 @@ def _write_atomic(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes, c
     _fsync_dir(path.parent)  # the rename itself survives power loss only once the directory is synced
 
 
-def _array_chunks(a: np.ndarray) -> Iterator[memoryview]:
-    """``a`` (leading axis = rows) as little-endian float32 bytes, CHUNK_BYTES at a time, without
-    copying when ``a`` is already contiguous little-endian float32."""
+def _array_chunks(a: np.ndarray, dtype: np.dtype) -> Iterator[memoryview]:
+    """``a`` (leading axis = rows) as ``dtype``'s bytes, CHUNK_BYTES at a time, without copying
+    when ``a`` is already contiguous and of that dtype."""
     if a.shape[0] == 0 or a.size == 0:
         return
-    row_bytes = math.prod(a.shape[1:]) * KV_DTYPE.itemsize
+    row_bytes = math.prod(a.shape[1:]) * dtype.itemsize
     rows = max(1, CHUNK_BYTES // row_bytes)
     for r in range(0, a.shape[0], rows):
-        part = np.ascontiguousarray(a[r : r + rows], dtype=KV_DTYPE)
+        part = np.ascontiguousarray(a[r : r + rows], dtype=dtype)
         yield memoryview(part).cast("B")
 
 
@@ -206,8 +207,13 @@ def _check_fp(fp: bytes, what: str) -> None:
 def _check_kv_arrays(k: np.ndarray, v: np.ndarray) -> None:
     if k.ndim != 4 or k.shape != v.shape:
         raise ValueError(f"k {k.shape} and v {v.shape} must both be [n_layers, n_ctx, n_kv_heads, head_dim]")
-    if k.dtype != np.float32 or v.dtype != np.float32:
-        raise ValueError(f"k and v must be float32, not {k.dtype} and {v.dtype}")
+    if k.dtype != v.dtype or k.dtype not in (np.float16, np.float32):
+        raise ValueError(f"k and v must both be float16 or float32, not {k.dtype} and {v.dtype}")
+
+
+def _kv_dtype(k: np.ndarray) -> np.dtype:
+    """The payload's element type: the cache's, little-endian (the layout fingerprint names it)."""
+    return np.dtype(k.dtype).newbyteorder("<")
 
 
 def save_slot(state_dir: Path, slot: int, tokens: list[int], k: np.ndarray, v: np.ndarray,
@@ -243,7 +249,7 @@ def _save_kv(path: Path, magic: bytes, tokens: list[int], k: np.ndarray, v: np.n
             yield memoryview(ids.astype(TOKEN_DTYPE)).cast("B")
         for arr in (k, v):
             for layer in range(arr.shape[0]):  # [n_layers, n, ...] order: one layer's rows are contiguous
-                yield from _array_chunks(arr[layer, :n])
+                yield from _array_chunks(arr[layer, :n], _kv_dtype(k))
         if meta:
             yield memoryview(meta)
 
@@ -256,7 +262,7 @@ def save_usage(state_dir: Path, heat: np.ndarray, model_fp: bytes) -> None:
     heat = np.asarray(heat)
     flat = heat.reshape(heat.size)
     _write_atomic(usage_path(state_dir), USAGE_MAGIC, model_fp, _usage_fingerprint(heat.shape),
-                  heat.size, _array_chunks(flat))
+                  heat.size, _array_chunks(flat, HEAT_DTYPE))
 
 
 # --- the read side ----------------------------------------------------------------------------------
@@ -318,16 +324,16 @@ def _read_exact(f, mv: memoryview) -> None:
         raise _Reject("truncated while reading (the file shrank)")
 
 
-def _read_into(f, digest, dst: np.ndarray) -> None:
-    """Fill ``dst`` (float32, leading axis = rows) from the file, hashing the file's bytes."""
+def _read_into(f, digest, dst: np.ndarray, dtype: np.dtype) -> None:
+    """Fill ``dst`` (leading axis = rows) from the file's ``dtype`` values, hashing the bytes."""
     if dst.size == 0:
         return
-    row_bytes = math.prod(dst.shape[1:]) * KV_DTYPE.itemsize
+    row_bytes = math.prod(dst.shape[1:]) * dtype.itemsize
     rows = max(1, CHUNK_BYTES // row_bytes)
-    direct = dst.dtype == KV_DTYPE and dst.flags.c_contiguous  # little-endian host: read in place
+    direct = dst.dtype == dtype and dst.flags.c_contiguous  # little-endian host: read in place
     for r in range(0, dst.shape[0], rows):
         part = dst[r : r + rows]
-        buf = part if direct else np.empty(part.shape, dtype=KV_DTYPE)
+        buf = part if direct else np.empty(part.shape, dtype=dtype)
         mv = memoryview(buf).cast("B")
         _read_exact(f, mv)
         digest.update(mv)
@@ -418,7 +424,7 @@ def _load_kv(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes, k_out:
             n, length, expect = _check_header(raw, size, magic, model_fp, layout_fp, "KV cache layout")
             if n > max_tokens:
                 raise _Reject(f"{n} tokens exceed the context of {max_tokens}")
-            row_bytes = math.prod(k_out.shape[2:]) * KV_DTYPE.itemsize
+            row_bytes = math.prod(k_out.shape[2:]) * k_out.dtype.itemsize
             want = n * TOKEN_DTYPE.itemsize + 2 * k_out.shape[0] * n * row_bytes
             extra = MAX_SNAPSHOT_META if magic == SNAPSHOT_MAGIC else 0
             if not want <= length <= want + extra:
@@ -435,7 +441,7 @@ def _load_kv(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes, k_out:
             touched = True
             for out in (k_out, v_out):
                 for layer in range(out.shape[0]):
-                    _read_into(f, digest, out[layer, :n])
+                    _read_into(f, digest, out[layer, :n], _kv_dtype(k_out))
             meta = f.read(length - want)
             if len(meta) != length - want:
                 raise _Reject("truncated while reading (the file shrank)")
@@ -467,14 +473,14 @@ def load_usage(state_dir: Path, model_fp: bytes, shape: tuple[int, ...], *,
             count, length, expect = _check_header(raw, size, USAGE_MAGIC, model_fp,
                                                   _usage_fingerprint(shape), "expert shape")
             n = int(np.prod(shape, dtype=np.int64))
-            if count != n or length != n * KV_DTYPE.itemsize:
+            if count != n or length != n * HEAT_DTYPE.itemsize:
                 raise _Reject(f"{count} values ({length} bytes) do not match the shape {shape}")
             if size != HEADER_SIZE + length:
                 cut = "truncated" if size < HEADER_SIZE + length else "trailing bytes"
                 raise _Reject(f"{cut} ({size} bytes, expected {HEADER_SIZE + length})")
             heat = np.empty(n, dtype=np.float32)
             digest = hashlib.sha256()
-            _read_into(f, digest, heat)
+            _read_into(f, digest, heat, HEAT_DTYPE)
             if digest.digest() != expect:
                 raise _Reject("payload checksum mismatch (damaged file)")
             if not np.isfinite(heat).all():

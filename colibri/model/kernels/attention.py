@@ -1,6 +1,7 @@
 """Grouped-query attention over a slotted KV cache.
 
-The cache holds every slot's keys and values: ``k_cache[slot, layer, position, kv_head, dim]``.
+The cache holds every slot's keys and values: ``k_cache[slot, layer, position, kv_head, dim]``, as
+halves (``halves``: uint16 bits, rounded when a row is stored, widened when it is read) or float32.
 A forward step is a ragged batch: row t belongs to slot ``slots[t]`` at position ``positions[t]``,
 so one call serves a prefill (many rows, one slot), a batched decode (one row per slot) or both.
 Rows first write their key and value, then attend causally to positions ``0..positions[t]`` of
@@ -12,6 +13,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from colibri.model.kernels.halves import loaded, stored
 from colibri.model.kernels.ops import exp_from_peak
 
 _JIT = dict(nogil=True, cache=True, fastmath=True, error_model="numpy")
@@ -22,13 +24,14 @@ def store_kv(
     k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     layer: int, slots: np.ndarray, positions: np.ndarray, n_kv: int, head_dim: int,
 ) -> None:
-    """Write the step's keys and values (T, n_kv * head_dim) into their slots' caches."""
+    """Write the step's keys and values (T, n_kv * head_dim, float32) into their slots' caches, in
+    the caches' type."""
     for t in range(k.shape[0]):
         s, p = slots[t], positions[t]
         for h in range(n_kv):
             for d in range(head_dim):
-                k_cache[s, layer, p, h, d] = k[t, h * head_dim + d]
-                v_cache[s, layer, p, h, d] = v[t, h * head_dim + d]
+                k_cache[s, layer, p, h, d] = stored(k_cache, k[t, h * head_dim + d])
+                v_cache[s, layer, p, h, d] = stored(v_cache, v[t, h * head_dim + d])
 
 
 @nb.njit(**_JIT)
@@ -50,14 +53,14 @@ def _attend_row(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position: i
         key = keys[p, kh]
         acc = np.float32(0.0)
         for i in range(head_dim):
-            acc += qh[i] * key[i]
+            acc += qh[i] * loaded(key[i])
         scores[p] = acc * scale
     total = exp_from_peak(scores, e)
     oh[:] = 0.0
     for p in range(n):
         weight, value = e[p] / total, values[p, kh]
         for i in range(head_dim):
-            oh[i] += weight * value[i]
+            oh[i] += weight * loaded(value[i])
 
 
 @nb.njit(parallel=True, **_JIT)
