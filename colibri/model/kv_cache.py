@@ -35,6 +35,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 # forward pass compared with references that keep float32 caches (transformers, llama.cpp's F32).
 KV_TYPES = {"f16": np.dtype(np.float16), "f32": np.dtype(np.float32)}
 _STORED = {"f16": np.dtype(np.uint16), "f32": np.dtype(np.float32)}
+DEFAULT_KV_TYPE = "f16"
 
 
 def kv_type_name(kv_type: str) -> str:
@@ -45,7 +46,7 @@ def kv_type_name(kv_type: str) -> str:
 
 
 class KVCache:
-    def __init__(self, hp: HParams, n_slots: int, n_ctx: int, kv_type: str = "f16") -> None:
+    def __init__(self, hp: HParams, n_slots: int, n_ctx: int, kv_type: str = DEFAULT_KV_TYPE) -> None:
         shape = (n_slots, hp.n_layers, n_ctx, hp.n_kv_heads, hp.head_dim)
         self.n_slots, self.n_ctx = n_slots, n_ctx
         self.dtype = KV_TYPES[kv_type_name(kv_type)]

@@ -10,7 +10,7 @@ import numpy as np
 from colibri.model.chat import ChatTemplate
 from colibri.model.hparams import HParams
 from colibri.model.interface import ExpertTelemetry
-from colibri.model.kv_cache import KV_TYPES, KVCache, kv_type_name
+from colibri.model.kv_cache import DEFAULT_KV_TYPE, KV_TYPES, KVCache, kv_type_name
 from colibri.model.network import ARCHITECTURES, Decoder
 from colibri.model.text import ModelText
 from colibri.model.tokenizer import GGUFTokenizer
@@ -21,10 +21,11 @@ class Model:
     """A loaded model. The tokenizer and template are built on first use: ``--prompt-ids`` runs
     need neither, and test models may carry no vocabulary."""
 
-    def __init__(self, path: Path, ram_budget: int | None = None, kv_type: str = "f16") -> None:
+    def __init__(self, path: Path, ram_budget: int | None = None, kv_type: str = DEFAULT_KV_TYPE) -> None:
         """``ram_budget``: bytes the expert store's resident copies may take (None: no limit);
         ``kv_type``: the KV caches' element type (``kv_cache.KV_TYPES``)."""
         self.kv_type = kv_type_name(kv_type)
+        self._kv_dtype = KV_TYPES[kv_type]
         self.gguf = GGUFFile(path)
         self.hp = HParams.from_gguf(self.gguf)
         arch = ARCHITECTURES.get(self.hp.arch)
@@ -54,6 +55,6 @@ class Model:
                 logit_rows: np.ndarray, n_direct: int = 0, embeds: np.ndarray | None = None) -> np.ndarray:
         """One step of the network: see ``Decoder.forward``. The cache must be of this model's type:
         the decoder's layer entry points are compiled for one (``decoder.Entry``)."""
-        if kv.dtype != KV_TYPES[self.kv_type]:
+        if kv.dtype != self._kv_dtype:
             raise ValueError(f"a {kv.dtype} KV cache for a model of {self.kv_type} caches")
         return self.decoder.forward(tokens, slots, positions, kv, logit_rows, n_direct, embeds)

@@ -243,13 +243,14 @@ def _save_kv(path: Path, magic: bytes, tokens: list[int], k: np.ndarray, v: np.n
     ids = np.asarray(tokens, dtype=np.int64).reshape(n)
     if n and (ids.min() < 0 or ids.max() > MAX_TOKEN_ID):
         raise ValueError("token ids must be in [0, 2**32)")
+    kv_dtype = _kv_dtype(k)
 
     def chunks() -> Iterator[memoryview]:
         if n:
             yield memoryview(ids.astype(TOKEN_DTYPE)).cast("B")
         for arr in (k, v):
             for layer in range(arr.shape[0]):  # [n_layers, n, ...] order: one layer's rows are contiguous
-                yield from _array_chunks(arr[layer, :n], _kv_dtype(k))
+                yield from _array_chunks(arr[layer, :n], kv_dtype)
         if meta:
             yield memoryview(meta)
 
@@ -439,9 +440,10 @@ def _load_kv(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes, k_out:
             if n and int(ids.max()) >= n_vocab:
                 raise _Reject(f"token id {int(ids.max())} is outside the vocabulary of {n_vocab}")
             touched = True
+            kv_dtype = _kv_dtype(k_out)
             for out in (k_out, v_out):
                 for layer in range(out.shape[0]):
-                    _read_into(f, digest, out[layer, :n], _kv_dtype(k_out))
+                    _read_into(f, digest, out[layer, :n], kv_dtype)
             meta = f.read(length - want)
             if len(meta) != length - want:
                 raise _Reject("truncated while reading (the file shrank)")
