@@ -134,16 +134,14 @@ class Checker:
 
     def __init__(self, model_path: Path, state_dir: Path) -> None:
         self.model = Model(model_path)
-        hp = self.model.hp
         self.state_dir = state_dir
         self.model_fp = self.model.fingerprint
-        self.layout_fp = persist.layout_fingerprint(hp.n_layers, hp.n_kv_heads, hp.head_dim)
 
     def load(self, slot: int) -> tuple[list[int] | None, np.ndarray, np.ndarray, list[str]]:
         kv = KVCache(self.model.hp, 1, CTX)
         warnings: list[str] = []
         k, v = kv.slot(0)
-        tokens = persist.load_slot(self.state_dir, slot, self.model_fp, self.layout_fp, k, v,
+        tokens = persist.load_slot(self.state_dir, slot, self.model_fp, k, v,
                                    CTX, self.model.hp.n_vocab, warn=warnings.append)
         return tokens, k, v, warnings
 

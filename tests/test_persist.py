@@ -40,7 +40,6 @@ assert HEADER_SIZE == 160
 
 N_LAYERS, N_CTX, N_KV, HEAD_DIM, N_VOCAB = 3, 32, 2, 8, 500
 MODEL_FP = hashlib.sha256(b"model a").digest()
-LAYOUT_FP = layout_fingerprint(N_LAYERS, N_KV, HEAD_DIM)
 SHAPE = (N_LAYERS, N_CTX, N_KV, HEAD_DIM)
 ROW = N_KV * HEAD_DIM * 2  # bytes of one layer's K (or V) at one position: halves
 
@@ -57,10 +56,12 @@ def file_size(n: int) -> int:
     return HEADER_SIZE + n * 4 + 2 * N_LAYERS * n * ROW
 
 
-def load(d: Path, slot: int = 0, **kw) -> tuple[list[int] | None, np.ndarray, np.ndarray]:
-    """load_slot into fresh outputs filled with a sentinel (to see what was and was not written)."""
-    k_out, v_out = np.full(SHAPE, 7, np.float16), np.full(SHAPE, 7, np.float16)
-    args = dict(model_fp=MODEL_FP, layout_fp=LAYOUT_FP, max_tokens=N_CTX, n_vocab=N_VOCAB) | kw
+def load(d: Path, slot: int = 0, shape: tuple[int, ...] = SHAPE, dtype: type = np.float16,
+         **kw) -> tuple[list[int] | None, np.ndarray, np.ndarray]:
+    """load_slot into fresh outputs filled with a sentinel (to see what was and was not written);
+    ``shape`` and ``dtype``: the cache the file is loaded into."""
+    k_out, v_out = np.full(shape, 7, dtype), np.full(shape, 7, dtype)
+    args = dict(model_fp=MODEL_FP, max_tokens=N_CTX, n_vocab=N_VOCAB) | kw
     return load_slot(d, slot, k_out=k_out, v_out=v_out, **args), k_out, v_out
 
 
@@ -97,7 +98,7 @@ def flip(path: Path, offset: int) -> None:
 @pytest.fixture
 def saved(tmp_path: Path) -> tuple[Path, Path, int]:
     n = 20
-    save_slot(tmp_path, 0, *state(n), MODEL_FP, LAYOUT_FP)
+    save_slot(tmp_path, 0, *state(n), MODEL_FP)
     return tmp_path, slot_path(tmp_path, 0), n
 
 
@@ -106,7 +107,7 @@ def saved(tmp_path: Path) -> tuple[Path, Path, int]:
 
 def test_round_trip_is_exact_and_writes_only_the_history(tmp_path):
     tokens, k, v = state(20, seed=3)
-    save_slot(tmp_path, 0, tokens, k, v, MODEL_FP, LAYOUT_FP)
+    save_slot(tmp_path, 0, tokens, k, v, MODEL_FP)
     path = tmp_path / ".coli_kv"
     assert path.stat().st_size == file_size(20)
     assert path.read_bytes()[:8] == persist.KV_MAGIC
@@ -125,12 +126,12 @@ def test_slots_have_their_own_files_and_a_kv_cache_slot_round_trips(tmp_path):
     for slot, n in ((0, 5), (3, 12)):
         k, v = kv.slot(slot)
         tokens, k[...], v[...] = state(n, seed=slot)
-        save_slot(tmp_path, slot, tokens, k, v, MODEL_FP, LAYOUT_FP)
+        save_slot(tmp_path, slot, tokens, k, v, MODEL_FP)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".coli_kv", ".coli_kv.3"]
     assert slot_path(tmp_path, 0) == tmp_path / ".coli_kv"
     assert slot_path(tmp_path, 3) == tmp_path / ".coli_kv.3"
     for slot, n in ((0, 5), (3, 12)):
-        got = load_slot(tmp_path, slot, MODEL_FP, LAYOUT_FP, *fresh.slot(slot), N_CTX, N_VOCAB)
+        got = load_slot(tmp_path, slot, MODEL_FP, *fresh.slot(slot), N_CTX, N_VOCAB)
         assert got == state(n, seed=slot)[0]
         assert np.array_equal(fresh.k[slot, :, :n], kv.k[slot, :, :n])
         assert np.array_equal(fresh.v[slot, :, :n], kv.v[slot, :, :n])
@@ -141,13 +142,13 @@ def test_slots_have_their_own_files_and_a_kv_cache_slot_round_trips(tmp_path):
 
 
 def test_overwrite_keeps_the_latest_and_empty_history_round_trips(tmp_path):
-    save_slot(tmp_path, 2, *state(30, seed=1), MODEL_FP, LAYOUT_FP)
+    save_slot(tmp_path, 2, *state(30, seed=1), MODEL_FP)
     tokens, k, v = state(9, seed=2)
-    save_slot(tmp_path, 2, tokens, k, v, MODEL_FP, LAYOUT_FP)
+    save_slot(tmp_path, 2, tokens, k, v, MODEL_FP)
     assert slot_path(tmp_path, 2).stat().st_size == file_size(9)
     got, k_out, _ = load(tmp_path, 2)
     assert got == tokens and np.array_equal(k_out[:, :9], k[:, :9])
-    save_slot(tmp_path, 2, [], k, v, MODEL_FP, LAYOUT_FP)
+    save_slot(tmp_path, 2, [], k, v, MODEL_FP)
     assert slot_path(tmp_path, 2).stat().st_size == HEADER_SIZE
     got, k_out, _ = load(tmp_path, 2)
     assert got == [] and (k_out == 7).all()
@@ -164,15 +165,15 @@ def test_missing_file_is_silent(tmp_path, capsys):
 def test_save_rejects_bad_arguments(tmp_path):
     tokens, k, v = state(4)
     with pytest.raises(ValueError):
-        save_slot(tmp_path, 0, list(range(N_CTX + 1)), k, v, MODEL_FP, LAYOUT_FP)
+        save_slot(tmp_path, 0, list(range(N_CTX + 1)), k, v, MODEL_FP)
     with pytest.raises(ValueError):
-        save_slot(tmp_path, 0, [-1], k, v, MODEL_FP, LAYOUT_FP)
+        save_slot(tmp_path, 0, [-1], k, v, MODEL_FP)
     with pytest.raises(ValueError):
-        save_slot(tmp_path, 0, tokens, k.astype(np.float32), v, MODEL_FP, LAYOUT_FP)
+        save_slot(tmp_path, 0, tokens, k.astype(np.float32), v, MODEL_FP)
     with pytest.raises(ValueError):
-        save_slot(tmp_path, 0, tokens, k, v[:2], MODEL_FP, LAYOUT_FP)
+        save_slot(tmp_path, 0, tokens, k, v[:2], MODEL_FP)
     with pytest.raises(ValueError):
-        save_slot(tmp_path, 0, tokens, k, v, MODEL_FP[:16], LAYOUT_FP)
+        save_slot(tmp_path, 0, tokens, k, v, MODEL_FP[:16])
     assert list(tmp_path.iterdir()) == []
 
 
@@ -185,13 +186,13 @@ def test_failed_save_keeps_the_previous_file_and_no_temp(saved, monkeypatch):
 
     monkeypatch.setattr(persist, "_fsync", broken_fsync)
     with pytest.raises(OSError):
-        save_slot(d, 0, *state(5, seed=9), MODEL_FP, LAYOUT_FP)
+        save_slot(d, 0, *state(5, seed=9), MODEL_FP)
     assert path.read_bytes() == before
     assert [p.name for p in d.iterdir()] == [".coli_kv"]
 
 
 def test_remove_stale_temps_removes_only_ours(tmp_path):
-    save_slot(tmp_path, 0, *state(3), MODEL_FP, LAYOUT_FP)
+    save_slot(tmp_path, 0, *state(3), MODEL_FP)
     for name in (".coli_kv.tmp", ".coli_kv.3.tmp", ".coli_usage.tmp", "notes.tmp", ".coli_kv.x.tmp"):
         (tmp_path / name).write_bytes(b"partial")
     (tmp_path / ".coli_kv.7.tmp").mkdir()  # not a file: not ours to delete
@@ -271,8 +272,11 @@ def test_other_format_version(saved, capsys, version, word):
 def test_foreign_files(saved, capsys):
     d, _, n = saved
     expect_cold(capsys, d, fragment="another model", model_fp=hashlib.sha256(b"model b").digest())
-    expect_cold(capsys, d, fragment="another KV cache layout",
-                layout_fp=layout_fingerprint(N_LAYERS, N_KV, HEAD_DIM, dtype="float32"))
+    # a cache of another element type, or of another shape, than the file's
+    expect_cold(capsys, d, fragment="another KV cache layout", dtype=np.float32)
+    for other in ((N_LAYERS + 1, N_CTX, N_KV, HEAD_DIM), (N_LAYERS, N_CTX, N_KV * 2, HEAD_DIM),
+                  (N_LAYERS, N_CTX, N_KV, HEAD_DIM * 2)):
+        expect_cold(capsys, d, fragment="another KV cache layout", shape=other)
     expect_cold(capsys, d, fragment=f"{n} tokens exceed the context of {n - 1}", max_tokens=n - 1)
     assert load(d, max_tokens=n)[0] is not None
 
@@ -280,7 +284,7 @@ def test_foreign_files(saved, capsys):
 def test_token_id_outside_the_vocabulary(tmp_path, capsys):
     tokens, k, v = state(6)
     tokens[3] = N_VOCAB
-    save_slot(tmp_path, 1, tokens, k, v, MODEL_FP, LAYOUT_FP)
+    save_slot(tmp_path, 1, tokens, k, v, MODEL_FP)
     expect_cold(capsys, tmp_path, 1, fragment=f"token id {N_VOCAB} is outside")
     assert load(tmp_path, 1, n_vocab=N_VOCAB + 1)[0] == tokens
 
@@ -309,7 +313,7 @@ def test_custom_warn_gets_the_message_once(saved, capsys):
     flip(path, path.stat().st_size - 1)
     seen: list[str] = []
     k_out, v_out = np.zeros(SHAPE, np.float16), np.zeros(SHAPE, np.float16)
-    assert load_slot(d, 0, MODEL_FP, LAYOUT_FP, k_out, v_out, N_CTX, N_VOCAB, warn=seen.append) is None
+    assert load_slot(d, 0, MODEL_FP, k_out, v_out, N_CTX, N_VOCAB, warn=seen.append) is None
     assert seen == [f"{path}: payload checksum mismatch (damaged file), slot 0 starts cold"]
     assert capsys.readouterr().err == ""
 
@@ -355,7 +359,7 @@ def test_usage_bad_files(tmp_path, capsys):
     cold("empty file")
     save_usage(tmp_path, np.full((4, 8), np.nan, np.float32), MODEL_FP)
     cold("non-finite")
-    save_slot(tmp_path, 0, *state(2), MODEL_FP, LAYOUT_FP)
+    save_slot(tmp_path, 0, *state(2), MODEL_FP)
     os.replace(tmp_path / ".coli_kv", path)
     cold("bad magic")
 
@@ -365,15 +369,14 @@ def test_a_float32_cache_round_trips_and_a_halves_cache_refuses_its_file(tmp_pat
     of halves (another layout) starts cold on that file rather than reading it as halves."""
     tokens, k, v = state(6)
     k32, v32 = k.astype(np.float32) / 3, v.astype(np.float32) / 3  # not representable as halves
-    layout32 = layout_fingerprint(N_LAYERS, N_KV, HEAD_DIM, "float32")
-    save_slot(tmp_path, 0, tokens, k32, v32, MODEL_FP, layout32)
+    save_slot(tmp_path, 0, tokens, k32, v32, MODEL_FP)
     assert slot_path(tmp_path, 0).stat().st_size == HEADER_SIZE + 6 * 4 + 2 * N_LAYERS * 6 * ROW * 2
     k_out, v_out = np.zeros(SHAPE, np.float32), np.zeros(SHAPE, np.float32)
-    assert load_slot(tmp_path, 0, MODEL_FP, layout32, k_out, v_out, N_CTX, N_VOCAB) == tokens
+    assert load_slot(tmp_path, 0, MODEL_FP, k_out, v_out, N_CTX, N_VOCAB) == tokens
     assert k_out[:, :6].tobytes() == k32[:, :6].tobytes() and v_out[:, :6].tobytes() == v32[:, :6].tobytes()
-    expect_cold(capsys, tmp_path, fragment="another KV cache layout")  # LAYOUT_FP: halves
+    expect_cold(capsys, tmp_path, fragment="another KV cache layout")  # a cache of halves
     with pytest.raises(ValueError):  # K and V of two types
-        save_slot(tmp_path, 0, tokens, k32, v, MODEL_FP, layout32)
+        save_slot(tmp_path, 0, tokens, k32, v, MODEL_FP)
 
 
 # --- fingerprints -----------------------------------------------------------------------------------
@@ -435,13 +438,13 @@ def crash_states():
 CRASH_CHILD = CRASH_STATES + r"""
 import sys, hashlib
 from pathlib import Path
-from colibri.sched.persist import layout_fingerprint, save_slot
-d, model_fp, layout_fp = Path(sys.argv[1]), hashlib.sha256(b"crash").digest(), layout_fingerprint(2, 2, 64)
+from colibri.sched.persist import save_slot
+d, model_fp = Path(sys.argv[1]), hashlib.sha256(b"crash").digest()
 states = crash_states()
 print("ready", flush=True)
 i = 0
 while True:
-    save_slot(d, 1, *states[i % 2], model_fp, layout_fp)
+    save_slot(d, 1, *states[i % 2], model_fp)
     print("saved", flush=True)
     i += 1
 """
@@ -451,7 +454,7 @@ def test_sigkill_during_saves_leaves_one_whole_state(tmp_path):
     ns: dict = {}
     exec(CRASH_STATES, ns)
     states = ns["crash_states"]()
-    model_fp, layout_fp = hashlib.sha256(b"crash").digest(), layout_fingerprint(2, 2, 64)
+    model_fp = hashlib.sha256(b"crash").digest()
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
     k_out, v_out = np.empty((2, 1024, 2, 64), np.float16), np.empty((2, 1024, 2, 64), np.float16)
@@ -468,7 +471,7 @@ def test_sigkill_during_saves_leaves_one_whole_state(tmp_path):
         child.stderr.close()
         mid_save += (tmp_path / ".coli_kv.1.tmp").exists()
         warnings: list[str] = []
-        tokens = load_slot(tmp_path, 1, model_fp, layout_fp, k_out, v_out, 1024, 50000, warn=warnings.append)
+        tokens = load_slot(tmp_path, 1, model_fp, k_out, v_out, 1024, 50000, warn=warnings.append)
         assert warnings == [], f"kill {i} (seed {seed}): {warnings}"
         assert tokens is not None or not ever_saved, f"kill {i} (seed {seed}): no state after a save"
         if tokens is None:

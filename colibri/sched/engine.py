@@ -65,9 +65,6 @@ class Engine:
         self.idle.set()
         self.stop_ids = model.tokenizer.stop_ids
         self.model_fp = model.fingerprint
-        hp = model.hp
-        self.layout_fp = persist.layout_fingerprint(hp.n_layers, hp.n_kv_heads, hp.head_dim,
-                                                    self.kv.dtype.name)
         self.experts = model.experts
 
     # ------------------------------------------------------------------ state
@@ -81,7 +78,7 @@ class Engine:
             persist.remove_stale_temps(self.state_dir)
             for slot in self.slots:
                 tokens = persist.load_slot(
-                    self.state_dir, slot.index, self.model_fp, self.layout_fp,
+                    self.state_dir, slot.index, self.model_fp,
                     *self.kv.slot(slot.index), self.n_ctx, self.model.hp.n_vocab,
                 )
                 slot.history = tokens or []
@@ -100,7 +97,7 @@ class Engine:
         try:
             await trio.to_thread.run_sync(
                 lambda: persist.save_slot(self.state_dir, slot.index, history, *self.kv.slot(slot.index),
-                                          self.model_fp, self.layout_fp)
+                                          self.model_fp)
             )
         except OSError as e:
             warn(f"slot {slot.index} not persisted: {e}")
@@ -311,7 +308,7 @@ class Engine:
         s = self.slots[slot]
         history = list(s.history)
         await trio.to_thread.run_sync(lambda: persist.save_snapshot(
-            path, history, *self.kv.slot(slot), self.model_fp, self.layout_fp, meta))
+            path, history, *self.kv.slot(slot), self.model_fp, meta))
 
     async def load_snapshot(self, slot: int, path: Path) -> bytes:
         """Replace the slot's state with the snapshot at ``path``; its metadata. A snapshot that
@@ -319,7 +316,7 @@ class Engine:
         s = self.slots[slot]
         async with self.step_lock:
             tokens, meta = await trio.to_thread.run_sync(lambda: persist.load_snapshot(
-                path, self.model_fp, self.layout_fp, *self.kv.slot(slot), self.n_ctx,
+                path, self.model_fp, *self.kv.slot(slot), self.n_ctx,
                 self.model.hp.n_vocab))
             s.history = tokens
         return meta

@@ -79,6 +79,13 @@ def layout_fingerprint(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str
     return hashlib.sha256(desc.encode()).digest()
 
 
+def _layout_of(k: np.ndarray) -> bytes:
+    """The layout fingerprint of a slot's K (or V) array, [n_layers, n_ctx, n_kv_heads, head_dim]:
+    taken from the very arrays written or filled, so a file can never name one type and hold
+    another."""
+    return layout_fingerprint(k.shape[0], k.shape[2], k.shape[3], k.dtype.name)
+
+
 def _usage_fingerprint(shape: tuple[int, ...]) -> bytes:
     desc = "colibri usage layout v1\0" + ",".join(map(str, shape)) + "\0" + HEAT_DTYPE.str
     return hashlib.sha256(desc.encode()).digest()
@@ -217,25 +224,24 @@ def _kv_dtype(k: np.ndarray) -> np.dtype:
 
 
 def save_slot(state_dir: Path, slot: int, tokens: list[int], k: np.ndarray, v: np.ndarray,
-              model_fp: bytes, layout_fp: bytes) -> None:
+              model_fp: bytes) -> None:
     """Persist one slot: its tokens and the K/V of positions [0, len(tokens)) of ``k`` and ``v``
     ([n_layers, n_ctx, n_kv_heads, head_dim] each). Bad arguments raise ValueError; an I/O error
     (disk full, read-only directory) raises OSError and leaves the previous file in place."""
-    _save_kv(slot_path(state_dir, slot), KV_MAGIC, tokens, k, v, model_fp, layout_fp, b"")
+    _save_kv(slot_path(state_dir, slot), KV_MAGIC, tokens, k, v, model_fp, b"")
 
 
 def save_snapshot(path: Path, tokens: list[int], k: np.ndarray, v: np.ndarray, model_fp: bytes,
-                  layout_fp: bytes, meta: bytes) -> None:
+                  meta: bytes) -> None:
     """A Channel snapshot at ``path``: as ``save_slot``, with ``meta`` after the K/V, crash-safely."""
     if len(meta) > MAX_SNAPSHOT_META:
         raise ValueError(f"snapshot metadata of {len(meta)} bytes exceeds {MAX_SNAPSHOT_META}")
-    _save_kv(path, SNAPSHOT_MAGIC, tokens, k, v, model_fp, layout_fp, meta)
+    _save_kv(path, SNAPSHOT_MAGIC, tokens, k, v, model_fp, meta)
 
 
 def _save_kv(path: Path, magic: bytes, tokens: list[int], k: np.ndarray, v: np.ndarray,
-             model_fp: bytes, layout_fp: bytes, meta: bytes) -> None:
+             model_fp: bytes, meta: bytes) -> None:
     _check_fp(model_fp, "model_fp")
-    _check_fp(layout_fp, "layout_fp")
     _check_kv_arrays(k, v)
     n = len(tokens)
     if n > k.shape[1]:
@@ -254,7 +260,7 @@ def _save_kv(path: Path, magic: bytes, tokens: list[int], k: np.ndarray, v: np.n
         if meta:
             yield memoryview(meta)
 
-    _write_atomic(path, magic, model_fp, layout_fp, n, chunks())
+    _write_atomic(path, magic, model_fp, _layout_of(k), n, chunks())
 
 
 def save_usage(state_dir: Path, heat: np.ndarray, model_fp: bytes) -> None:
@@ -342,19 +348,20 @@ def _read_into(f, digest, dst: np.ndarray, dtype: np.dtype) -> None:
             part[...] = buf
 
 
-def load_slot(state_dir: Path, slot: int, model_fp: bytes, layout_fp: bytes, k_out: np.ndarray,
-              v_out: np.ndarray, max_tokens: int, n_vocab: int, *,
+def load_slot(state_dir: Path, slot: int, model_fp: bytes, k_out: np.ndarray, v_out: np.ndarray,
+              max_tokens: int, n_vocab: int, *,
               warn: Warn = warn_stderr) -> list[int] | None:
     """The slot's tokens, with their K/V copied into ``k_out[:, :n]`` and ``v_out[:, :n]``; None if
     there is no file (silently) or it cannot be trusted (one ``warn`` line; never raises for the
-    file's contents). ``max_tokens`` is the cache's n_ctx, ``n_vocab`` bounds the token ids.
+    file's contents). ``max_tokens`` is the cache's n_ctx, ``n_vocab`` bounds the token ids; a file
+written from a cache of another shape or element type than the outputs' is refused.
 
     K/V are read straight into the outputs (no second copy of hundreds of MB); if the payload then
     fails its checksum, ``[:, :n]`` of both outputs is zeroed, as in a fresh cache.
     """
     path = slot_path(state_dir, slot)
     try:
-        loaded = _load_kv(path, KV_MAGIC, model_fp, layout_fp, k_out, v_out, max_tokens, n_vocab)
+        loaded = _load_kv(path, KV_MAGIC, model_fp, k_out, v_out, max_tokens, n_vocab)
     except (_Reject, OSError) as e:
         reason = str(e) if isinstance(e, _Reject) else f"cannot read: {e.strerror or e}"
         warn(f"{path}: {reason}, slot {slot} starts cold")
@@ -366,15 +373,16 @@ class SnapshotError(Exception):
     """A snapshot that cannot be loaded; the message is the reason (SNAPSHOT_LOAD_FAILED's detail)."""
 
 
-def load_snapshot(path: Path, model_fp: bytes, layout_fp: bytes, k_out: np.ndarray, v_out: np.ndarray,
+def load_snapshot(path: Path, model_fp: bytes, k_out: np.ndarray, v_out: np.ndarray,
                   max_tokens: int, n_vocab: int) -> tuple[list[int], bytes]:
     """A snapshot's tokens (their K/V copied into ``k_out[:, :n]``, ``v_out[:, :n]``) and its
     metadata. The whole file is checked before the outputs are touched, so a damaged or foreign
     snapshot leaves the conversation in the cache as it was; SnapshotError says why."""
+    _check_kv_arrays(k_out, v_out)
     try:
-        if not _verify(path, SNAPSHOT_MAGIC, model_fp, layout_fp):
+        if not _verify(path, SNAPSHOT_MAGIC, model_fp, _layout_of(k_out)):
             raise _Reject("no such file")
-        loaded = _load_kv(path, SNAPSHOT_MAGIC, model_fp, layout_fp, k_out, v_out, max_tokens, n_vocab)
+        loaded = _load_kv(path, SNAPSHOT_MAGIC, model_fp, k_out, v_out, max_tokens, n_vocab)
     except _Reject as e:
         raise SnapshotError(f"{path}: {e}") from None
     except OSError as e:
@@ -404,13 +412,13 @@ def _verify(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes) -> bool
     return True
 
 
-def _load_kv(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes, k_out: np.ndarray,
-             v_out: np.ndarray, max_tokens: int, n_vocab: int) -> tuple[list[int], bytes] | None:
+def _load_kv(path: Path, magic: bytes, model_fp: bytes, k_out: np.ndarray, v_out: np.ndarray,
+             max_tokens: int, n_vocab: int) -> tuple[list[int], bytes] | None:
     """(tokens, metadata) of ``path``, K/V into the outputs; None if there is no file; _Reject if it
     cannot be trusted (``[:, :n]`` of the outputs zeroed once touched)."""
     _check_fp(model_fp, "model_fp")
-    _check_fp(layout_fp, "layout_fp")
     _check_kv_arrays(k_out, v_out)
+    layout_fp = _layout_of(k_out)
     if max_tokens > k_out.shape[1]:
         raise ValueError(f"max_tokens {max_tokens} exceeds the cache's {k_out.shape[1]} positions")
     n = 0
