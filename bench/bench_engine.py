@@ -1,11 +1,13 @@
 """Aggregate decode throughput through the engine protocol with 1, 4 and 16 concurrent streams.
 
-    python bench/bench_engine.py [--model PATH] [--runs 3] [--tokens 64] [--streams 1,4,16]
+    python bench/bench_engine.py [--model PATH] [--runs 3] [--tokens 64] [--streams 1,4,16] [--temperature T]
 
 A real ``coli engine`` process (16 slots, no persistence) is driven over stdin/stdout; each run
 submits N requests at once in N slots and measures, from the first token to the last DONE, the
 generated tokens per second of all streams together (prefill excluded: streams start together
 once their prompts are in). Prints the median of --runs runs per N and the ratio to one stream.
+Greedy by default; ``--temperature`` samples (top_p 1, each request seeded by its id), which is
+what a client that leaves the temperature unset gets from ``coli serve`` (OpenAI's default, 1).
 """
 
 from __future__ import annotations
@@ -58,10 +60,10 @@ class Engine:
             if pred(event):
                 return
 
-    def run(self, n: int, tokens: int) -> float:
+    def run(self, n: int, tokens: int, temperature: float = 0.0) -> float:
         ids = list(range(self.next_id, self.next_id + n))
         self.next_id += n
-        frames = b"".join(encode_request(Submit(rid, i, tokens, 0.0, 1.0, prompt(QUESTIONS[i])))
+        frames = b"".join(encode_request(Submit(rid, i, tokens, temperature, 1.0, prompt(QUESTIONS[i]), rid))
                           for i, rid in enumerate(ids))
         self.proc.stdin.write(frames)
         self.proc.stdin.flush()
@@ -90,15 +92,17 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--streams", default="1,4,16")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (the default)")
     args = ap.parse_args()
     engine = Engine(args.model)
     engine.run(2, 8)  # warm-up
     results = {}
     for n in (int(x) for x in args.streams.split(",")):
-        results[n] = statistics.median(engine.run(n, args.tokens) for _ in range(args.runs))
+        results[n] = statistics.median(engine.run(n, args.tokens, args.temperature) for _ in range(args.runs))
     engine.close()
     base = results[min(results)]
-    print(f"engine protocol, decode tok/s of all streams together, median of {args.runs} runs")
+    how = f"temperature {args.temperature:g}" if args.temperature else "greedy"
+    print(f"engine protocol, decode tok/s of all streams together ({how}), median of {args.runs} runs")
     print(f"{'streams':>8}{'tok/s':>10}{'x one':>8}")
     for n, tps in results.items():
         print(f"{n:8d}{tps:10.1f}{tps / base:8.2f}")

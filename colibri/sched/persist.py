@@ -80,9 +80,7 @@ def layout_fingerprint(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str
 
 
 def _layout_of(k: np.ndarray) -> bytes:
-    """The layout fingerprint of a slot's K (or V) array, [n_layers, n_ctx, n_kv_heads, head_dim]:
-    taken from the very arrays written or filled, so a file can never name one type and hold
-    another."""
+    """Of the K array written or filled: a file cannot name one type and hold another."""
     return layout_fingerprint(k.shape[0], k.shape[2], k.shape[3], k.dtype.name)
 
 
