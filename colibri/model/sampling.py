@@ -7,6 +7,7 @@ vocabulary of 150k tokens too.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,8 @@ import numpy as np
 from colibri.model.kernels.draw import draw
 from colibri.model.kernels.ops import best_and_log_z
 
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 # Tokens looked back on by the repetition penalty (llama.cpp's penalty_last_n default).
 REPETITION_WINDOW = 64
 
@@ -61,12 +64,15 @@ class Sampler:
             seen = np.unique(np.asarray(history[-p.repeat_window:], dtype=np.int64))
             vals = logits[seen]
             logits[seen] = np.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if p.temperature == 0.0:
+        inv_t = 1.0 / p.temperature if p.temperature > 0.0 else math.inf
+        if inv_t > _FLOAT32_MAX:  # T below float32's range: anything but the peak has odds 0
             return int(np.argmax(logits))
         peak = logits.max()  # NaN if any logit is
         if not np.isfinite(peak):
             raise ValueError(f"logits without a finite peak ({peak}): nothing to sample from")
-        inv_t = np.float32(1.0 / p.temperature)
+        # Above float32's range a temperature makes every finite logit equally likely; a 1/T of 0
+        # would make a -inf logit's weight NaN (-inf * 0), the smallest normal keeps it 0.
+        inv_t = np.float32(max(inv_t, _FLOAT32_TINY))
         weights = self._weights(len(logits))
         np.subtract(logits, peak, out=weights)  # numpy's exp is vectorized, numba's is not
         np.multiply(weights, inv_t, out=weights)

@@ -40,7 +40,7 @@ _PER_UNIT = N_BUCKETS / Z_SPAN
 @nb.njit(inline="always", **_JIT)
 def _bucket(logit: float, peak: float, inv_t: float) -> int:
     depth = (peak - logit) * inv_t * _PER_UNIT  # >= 0; +inf for a -inf logit
-    return N_BUCKETS - 1 if depth >= N_BUCKETS - 1 else int(depth)
+    return int(depth) if depth < N_BUCKETS - 1 else N_BUCKETS - 1  # (NaN too: never an index out of range)
 
 
 @nb.njit(**_JIT)
@@ -80,12 +80,14 @@ def draw(logits: np.ndarray, weights: np.ndarray, peak: float, inv_t: float, top
         mass = 0.0
         for j in range(keep):
             mass += np.float64(weights[ranked[j]])
-        target, acc = u * mass, 0.0
+        target, acc, last = u * mass, 0.0, ranked[0]
         for j in range(keep):
-            acc += np.float64(weights[ranked[j]])
-            if acc > target:
-                return ranked[j]
-        return ranked[keep - 1]
+            if weights[ranked[j]] > 0.0:
+                acc += np.float64(weights[ranked[j]])
+                last = ranked[j]
+                if acc > target:
+                    return last
+        return last  # u * mass rounded up to the mass: the last kept token with any weight
     total = 0.0
     for i in range(logits.shape[0]):
         total += np.float64(weights[i])
