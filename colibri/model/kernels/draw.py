@@ -28,9 +28,9 @@ import numpy as np
 _JIT = dict(nogil=True, cache=True)
 
 # The histogram: bucket b holds the tokens whose log-weight (<= 0, the peak's 0) lies in
-# (-(b + 1), -b] * Z_SPAN / N_BUCKETS. A token's bucket is a lower bound on its rank's bucket, so a cut
-# found on the buckets' counts and masses keeps every token that can be kept; the buckets up to the
-# cut are then sorted exactly. 512 buckets over 32 units of log-weight: a bucket spans a factor of
+# (-(b + 1), -b] * Z_SPAN / N_BUCKETS. A better token never lies in a later bucket, so a cut found
+# on the buckets' counts and masses keeps every token that can be kept; the tokens of the buckets
+# up to the cut are then ranked exactly. 512 buckets over 32 units of log-weight: a bucket spans a factor of
 # e^(1/16), about 6%, of weight.
 N_BUCKETS = 512
 Z_SPAN = 32.0  # weights below e^-32 of the peak's (1e-14) share the last bucket: never the cut's, in practice
