@@ -157,3 +157,15 @@ def test_temperatures_at_the_edges_of_float32(temperature):
             assert got == {2}
         else:
             assert got <= {1, 2, 4} and len(got) >= 2
+
+
+def test_a_sampling_sampler_loads_the_kernel_before_its_first_token():
+    """The compiled draw is loaded when a sampling Sampler is made (the engine: before READY), so
+    that no decode step waits on numba's cache; a greedy one needs none."""
+    from colibri.model import sampling
+
+    sampling.load_kernels.cache_clear()
+    Sampler(SamplingParams(temperature=0.0))
+    assert sampling.load_kernels.cache_info().currsize == 0
+    Sampler(SamplingParams(temperature=0.7))
+    assert sampling.load_kernels.cache_info().currsize == 1

@@ -52,9 +52,11 @@ class EngineConfig:
 def run_engine(cfg: EngineConfig) -> int:
     """Load the model and serve until EOF or SIGTERM; the exit status."""
     from colibri.model.loader import Model
+    from colibri.model.sampling import load_kernels
 
     with ComputeThread() as compute:  # the model loads and computes on one thread (compute.py)
         model = compute.call(lambda: Model(cfg.model_path, ram_budget=cfg.ram_budget, kv_type=cfg.kv_type))
+        compute.call(load_kernels)  # a sampled request's first token does not wait for it
         n_ctx = min(cfg.n_ctx, model.hp.context_length)
         return trio.run(_main, cfg, model, n_ctx, compute)
 
