@@ -169,3 +169,6 @@ def test_a_sampling_sampler_loads_the_kernel_before_its_first_token():
     assert sampling.load_kernels.cache_info().currsize == 0
     Sampler(SamplingParams(temperature=0.7))
     assert sampling.load_kernels.cache_info().currsize == 1
+    loaded = len(draw.signatures)  # the signature every Sampler calls: nothing more to load
+    Sampler(SamplingParams(temperature=0.7, top_p=0.9, seed=2))(np.arange(9, dtype=np.float32))
+    assert len(draw.signatures) == loaded

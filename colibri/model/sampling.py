@@ -75,12 +75,8 @@ class Sampler:
             raise ValueError(f"logits without a finite peak ({peak}): nothing to sample from")
         # Above float32's range a temperature makes every finite logit equally likely; a 1/T of 0
         # would make a -inf logit's weight NaN (-inf * 0), the smallest normal keeps it 0.
-        inv_t = np.float32(max(inv_t, _FLOAT32_TINY))
-        weights = self._weights(len(logits))
-        np.subtract(logits, peak, out=weights)  # numpy's exp is vectorized, numba's is not
-        np.multiply(weights, inv_t, out=weights)
-        np.exp(weights, out=weights)
-        return draw(logits, weights, float(peak), float(inv_t), p.top_k, p.top_p, p.min_p, self._rng.random())
+        return _draw(logits, self._weights(len(logits)), peak, max(inv_t, _FLOAT32_TINY), p,
+                     self._rng.random())
 
     def _weights(self, n: int) -> np.ndarray:
         """Scratch for a row's weights, kept between tokens (a vocabulary's worth of float32)."""
@@ -89,14 +85,24 @@ class Sampler:
         return self._scratch
 
 
+def _draw(logits: np.ndarray, weights: np.ndarray, peak: float, inv_t: float, p: SamplingParams,
+          u: float) -> int:
+    """``weights`` (scratch) = exp((logits - peak) / T) in float32, then the compiled draw, its
+    arguments of the one type signature ``load_kernels`` loads."""
+    inv_t = np.float32(inv_t)
+    np.subtract(logits, peak, out=weights)  # vectorized numpy passes
+    np.multiply(weights, inv_t, out=weights)
+    np.exp(weights, out=weights)
+    return draw(logits, weights, float(peak), float(inv_t), int(p.top_k), float(p.top_p), float(p.min_p), u)
+
+
 @functools.cache
 def load_kernels() -> None:
     """Load the compiled draw now, once a process: from numba's cache it takes ~10 ms beside a
     model (200 ms in a bare process), compiled on a cold cache seconds. The engine calls it
     before READY; a sampling ``Sampler`` at its construction, so that no decode step waits."""
     row = np.zeros(2, np.float32)
-    draw(row, np.ones(2, np.float32), 0.0, np.float32(1.0), 0, 1.0, 0.0, 0.5)
-    draw(row, np.ones(2, np.float32), 0.0, np.float32(1.0), 1, 0.5, 0.1, 0.5)
+    _draw(row, np.empty(2, np.float32), 0.0, 1.0, SamplingParams(temperature=1.0), 0.5)
 
 
 def top_candidates(logits: np.ndarray, sampled: int, n: int) -> list[tuple[int, float]]:
