@@ -1,7 +1,7 @@
 """Decode throughput through ``coli serve`` (HTTP, SSE) versus the engine protocol directly.
 
     python bench/bench_http.py [--model PATH] [--runs 7] [--tokens 64] [--streams 1,4]
-    python bench/bench_http.py --nginx [--runs 5] [--tokens 64]    (replicas behind nginx, issue 17)
+    python bench/bench_http.py --nginx [--runs 5] [--tokens 64]    (replicas behind nginx)
 
 Two processes side by side, each with 4 KV slots and no persistence: ``coli engine`` driven over
 its stdin/stdout (mux protocol), and ``coli serve`` on a loopback port driven with streaming chat
@@ -314,7 +314,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--streams", default="1,4")
-    ap.add_argument("--nginx", action="store_true", help="two replicas behind nginx against one (issue 17)")
+    ap.add_argument("--nginx", action="store_true", help="two replicas behind nginx against one")
     return ap
 
 

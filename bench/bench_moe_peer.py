@@ -58,7 +58,7 @@ from readcap import ReadCap  # noqa: E402
 from colibri.store.readahead import Mode, ReadAheadPolicy  # noqa: E402
 
 THREADS = 2
-DEFAULT_CAPS = "1.5:0.6,1.0:0.3"  # cap GB : colibri --ram-budget GiB, as in the table
+DEFAULT_CAPS = "1.5:0.6,1.0:0.3"  # cap GB : colibri --ram-budget GiB, the README's table
 HEAT_TOKENS = 128  # the earlier generation whose heat colibri pins (bench_moe's warm-up)
 RUN_TIMEOUT_S = 1800  # a thrashing run at a small cap is slow, not stuck
 # The ways --read-mbps (or --readahead-ways) adds beside "colibri" (whose read-ahead is measured,

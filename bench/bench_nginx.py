@@ -1,4 +1,4 @@
-"""``bench_http.py --nginx``: two ``coli serve`` replicas behind nginx against one (issue 17).
+"""``bench_http.py --nginx``: two ``coli serve`` replicas behind nginx against one.
 
 Kept apart from bench_http.py's engine-versus-HTTP comparison, which it reuses (``Server``): 8
 concurrent streams into one replica with 8 slots, and the same 8 through nginx into two replicas of

@@ -1,4 +1,4 @@
-"""The issue-15 table: colibri against llama.cpp on the same file, 2 threads each, side by side.
+"""The `make bench` table: colibri against llama.cpp on the same file, 2 threads each, side by side.
 
     python bench/bench_table.py [--model PATH ...] [--q4km] [--runs 3] [--json PATH] [--cold]
 
@@ -116,9 +116,9 @@ def in_process_worker(model: Path, runs: int) -> dict:
     wall: dict[str, list[float]] = {"forward": [], "sampling": []}
     cpu = dict(forward=0.0, sampling=0.0)
     # Sampling is this thread's CPU: the process clock folds another running thread's time in at
-    # the scheduler's ticks (every 4 ms here), so over a 10 us call it charged the OpenMP
-    # threads' spin after the step to sampling (1.33 ms a token for an argmax, make bench of
-    # 2026-12-05). The forward step is the process's: both threads work in it.
+    # the scheduler's ticks (every 4 ms here), so over a 10 us call it would charge the OpenMP
+    # threads' spin after the step to sampling (1.33 ms a token for a 0.04 ms argmax). The
+    # forward step is the process's: both threads work in it.
     for i in range(56):
         t0, s0 = time.perf_counter(), time.thread_time()
         token = sampler(logits, history)

@@ -11,8 +11,8 @@ The vocabulary is a placeholder SentencePiece one (``<unk> <s> </s>``, the 256 b
 with ``--prompt-ids``; it is there because llama.cpp will not load a file without one
 (``bench/bench_moe_peer.py`` runs both engines on this same file).
 
-Three shapes: ``--arch llama`` (mixtral's layout, every matrix Q4_0: the default, issue 16's
-file), ``--arch qwen3moe`` (Qwen3-30B-A3B's layout scaled down: per-head q/k norms, NEOX RoPE, a
+Three shapes: ``--arch llama`` (mixtral's layout, every matrix Q4_0: the default, the MoE
+headline's file), ``--arch qwen3moe`` (Qwen3-30B-A3B's layout scaled down: per-head q/k norms, NEOX RoPE, a
 head size of its own, top-8 of many narrow experts) and ``--arch glm4moe`` (GLM-4.5-Air's: q/k/v
 biases, NEOX RoPE on half of each head, a leading dense layer, sigmoid routing steered by a
 selection bias, an ungated shared expert beside the routed ones), both quantized as llama.cpp's
