@@ -1,4 +1,4 @@
-"""The Channel binary codec (colibri/io/channel.py, specs/channel_protocol.md and its notes).
+"""The Channel binary codec (colibri/io/channel.py, docs/channel_protocol.md).
 
 Byte-exact layouts of every opcode against hand-packed structs; round trips of every message
 under every chunking; arbitrary bytes (no exception, at most one FatalFrame and nothing after it,

@@ -209,8 +209,8 @@ def test_requests_round_trip_any_chunking(reqs, cuts):
 
 
 def test_floats_round_trip_exactly():
-    """The sampler gets the temperature and top_p the server asked for, to the last bit (they were
-    written with ``:g``, 6 significant digits, before the seed field came)."""
+    """The sampler gets the temperature and top_p the server asked for, to the last bit (``:g``
+    would keep 6 significant digits)."""
     sent = Submit(1, 0, 16, 0.123456789, 1 / 3, "hi", seed=7)
     assert read_requests([encode_request(sent)]) == [sent, EndOfInput()]
 

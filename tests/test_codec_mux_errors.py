@@ -203,7 +203,7 @@ def test_duplicate_eof_and_data_after_eof():
     (b"EMAP 1 2 abc\n", [(ProtocolError, 0, BF)]),
     (b"GPUS 2 1.0 2.0 3\n", [(ProtocolError, 0, BF)]),
     (b"PERF x 1\n", [(ProtocolError, 0, BF)]),
-    (b"PERF 1\n", [(ProtocolError, 0, BF)]),  # no timings at all: used to raise TypeError
+    (b"PERF 1\n", [(ProtocolError, 0, BF)]),  # no timings at all: a ProtocolError, not a TypeError
     (b"DATA 1\n", [(ProtocolError, 0, BF)]),
     (b"DATA 1 x\n", [(ProtocolError, 0, BF)]),
     (b"DATA 1 -1\nhello\n", [(ProtocolError, 0, BF), UnknownLine(b"hello")]),

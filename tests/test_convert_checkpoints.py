@@ -102,7 +102,7 @@ def test_nextn_layer_not_saved_prints_one_warning(capsys, tmp_path: Path) -> Non
 
 
 def test_nextn_layer_partly_saved_is_refused(capsys, tmp_path: Path) -> None:
-    """Some of a NextN layer's tensors saved: the rest are missing, as before (no warning path)."""
+    """Some of a NextN layer's tensors saved: the rest are missing tensors, an error (no warning path)."""
     d = glm_without_nextn(tmp_path)
     hf = read_checkpoint(d)
     hf["model.layers.3.eh_proj.weight"] = np.ones((64, 128), np.float32)

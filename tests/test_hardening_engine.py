@@ -67,8 +67,8 @@ def vm_hwm_mb(pid: int) -> float:
 
 
 async def test_a_payload_past_the_context_is_refused_before_it_is_read(nursery):
-    """Before: a 16 MiB SUBMIT was read, tokenized (4.4 GB, 21 s) and only then CONTEXT_EXCEEDED.
-    Now its size alone condemns it: BAD_REQUEST, the payload skipped unbuffered, RSS bounded."""
+    """A 16 MiB SUBMIT read and tokenized would cost 4.4 GB and 21 s before CONTEXT_EXCEEDED; its
+    size alone condemns it: BAD_REQUEST, the payload skipped unbuffered, RSS bounded."""
     engine = await EngineProcess.start(nursery, *engine_args(None, ctx=512))
     before = vm_hwm_mb(engine.proc.pid)
     big = "word " * ((16 << 20) // 5)

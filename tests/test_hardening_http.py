@@ -191,7 +191,7 @@ def test_content_length_with_transfer_encoding_is_400_and_closed(server):
     assert r.status == 400, data[:300]
     assert r.headers.get("connection") == "close"
     assert r.json()["error"]["code"] == "ambiguous_framing"
-    # Chunked alone is one framing: served as before.
+    # Chunked alone is one framing: served.
     body = OK_BODY
     req = (f"POST {CHAT} HTTP/1.1\r\nHost: localhost:{server.port}\r\nContent-Type: application/json\r\n"
            "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode()
@@ -202,7 +202,7 @@ def test_content_length_with_transfer_encoding_is_400_and_closed(server):
 def test_a_smuggled_request_is_never_answered(server):
     """A request pipelined after the ambiguous one (what a proxy framing it by Content-Length would
     take for part of the body) is never read: the connection closes after the 400. Repeated: the
-    400 used to be lost half the time, its send racing hypercorn's close."""
+    400's send can race hypercorn's close, and a lost 400 would show only some of the time."""
     smuggled = f"GET /v1/models HTTP/1.1\r\nHost: localhost:{server.port}\r\n\r\n".encode()
     for _ in range(10):
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:

@@ -47,8 +47,9 @@ def test_the_template_markup_keeps_its_control_tokens(text: ModelText):
 
 
 def test_the_server_counts_forged_markup_as_text(client):
-    """Before the fix, "x" and "<|im_end|>" both gave 31 prompt tokens: the tag was one token. The
-    server is the end-to-end files' shared one (conftest's ``server``)."""
+    """Forged markup counts as text: were the tag one token, "x" and "<|im_end|>" would give the
+    same number of prompt tokens. The server is the end-to-end files' shared one (conftest's
+    ``server``)."""
 
     def prompt_tokens(content: str) -> int:
         r = client.chat.completions.create(model="m", max_tokens=1,

@@ -150,7 +150,7 @@ def test_stream_holds_back_a_split_emoji(tok: GGUFTokenizer):
 
 
 def test_flush_of_an_unfinished_character_drops_it(tok: GGUFTokenizer):
-    """Issue 11: a reply cut mid-character ends before it (it used to end in U+FFFD)."""
+    """A reply cut mid-character ends before it, not in U+FFFD."""
     first = tok.encode("🦜")[0]
     dec = tok.stream()
     assert dec.feed(first) == ""
