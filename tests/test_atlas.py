@@ -1,4 +1,4 @@
-"""Issue 13's atlas: ``coli atlas`` over a tiny converted MoE model, through the real command line.
+"""The expert atlas: ``coli atlas`` over a tiny converted MoE model, through the real command line.
 
 A token is routed to ``n_expert_used`` experts in every MoE layer, so each layer's routing shares
 sum to exactly that; an expert's affinities sum to 1 over the topics (0 where nothing used it), and

@@ -1,4 +1,4 @@
-"""Issue 12: the real engine over pipes in the Channel protocol, with the real default model, driven by
+"""The real engine over pipes in the Channel protocol, with the real default model, driven by
 the project's codec as a host would (``channel_harness.py``): every opcode and every error code the
 engine sends.
 

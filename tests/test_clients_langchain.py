@@ -1,4 +1,4 @@
-"""Issue 11, "What must be shown": LangChain's ``ChatOpenAI``, unchanged, against ``coli serve``.
+"""LangChain's ``ChatOpenAI``, unchanged, against ``coli serve``.
 
 ``invoke`` and ``stream`` (with the usage LangChain asks for), ``bind_tools`` with a forced and a
 named ``tool_choice`` (plain and streamed, the tool-call chunks merged by LangChain), and every

@@ -1,4 +1,4 @@
-"""Issue 11, "What must be shown": litellm, unchanged, against ``coli serve``.
+"""litellm, unchanged, against ``coli serve``.
 
 ``litellm.completion`` on the ``openai/`` provider with ``api_base``: a plain reply, a stream, a
 structured output and a forced tool call; a prompt over the context, streamed or not, raises

@@ -1,4 +1,4 @@
-"""Issue 11, "What must be shown": Simon Willison's ``llm`` CLI, unchanged, against ``coli serve``.
+"""Simon Willison's ``llm`` CLI, unchanged, against ``coli serve``.
 
 The server is registered as an OpenAI-compatible model the documented way: an
 ``extra-openai-models.yaml`` (``api_base``, ``supports_schema``, ``supports_tools``) in a private

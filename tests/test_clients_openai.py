@@ -1,4 +1,4 @@
-"""Issue 11, items 1, 3 and 4: real OpenAI clients work unchanged against ``coli serve``.
+"""Real OpenAI clients work unchanged against ``coli serve``.
 
 The quickstart streaming loop (``chunk.choices[0]`` on every chunk) runs to the end, the usage
 chunk is the last one before [DONE], the SDK's stream helper keeps its usage, and colibri's stats

@@ -1,4 +1,4 @@
-"""Issue 11, "What must be shown": openai-python's structured outputs and tools against ``coli serve``.
+"""openai-python's structured outputs and tools against ``coli serve``.
 
 What ``test_clients_openai.py`` does not already show: ``parse()`` with a Pydantic model (the GA
 ``chat.completions.parse`` and the ``beta`` alias, sync and async), the ``.stream()`` helper's

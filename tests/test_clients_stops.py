@@ -1,4 +1,4 @@
-"""Issue 11, items 2 and 5: a generation ends on every end-of-generation token the vocabulary marks
+"""A generation ends on every end-of-generation token the vocabulary marks
 (not only eos), so no template text leaks into answers; and a reply cut by its token limit in the
 middle of a character does not end in U+FFFD."""
 

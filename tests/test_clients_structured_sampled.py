@@ -1,4 +1,4 @@
-"""Issue 11, "What must be shown": structured outputs and forced tool calls hold at temperature 1.
+"""Structured outputs and forced tool calls hold at temperature 1.
 
 Thirty sampled replies through the official SDK, four at a time (the server's slots batch them):
 ten strict ``json_schema`` outputs and twenty calls forced by ``tool_choice`` naming the function

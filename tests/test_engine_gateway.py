@@ -1,4 +1,4 @@
-"""Issue 11: ``coli engine`` as a drop-in for colibri's own Python gateway (``openai_server.py``).
+"""``coli engine`` as a drop-in for colibri's own Python gateway (``openai_server.py``).
 
 The gateway reads lines with a strict dispatcher: after READY and a STAT of at least five fields it
 accepts DATA, ACCEPT, DONE, HWINFO, EMAP and HITS of exactly four fields, PROF of at least ten,

@@ -1,4 +1,4 @@
-"""Issue 10, items 3 and 7: a configuration that cannot work fails at once with one error line and
+"""A configuration that cannot work fails at once with one error line and
 exit status 2 (no restart loop), and the engine bounds what one SUBMIT can make it hold."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""End-to-end tests of issue 10's HTTP hardening on a real ``coli serve``: a foreign web page cannot
+"""End-to-end tests of the HTTP hardening on a real ``coli serve``: a foreign web page cannot
 start generations (JSON content type required, foreign Origins refused before any work), odd but
 valid JSON is a 400 naming the problem before any header (streamed or not), and a request framed
 by both Content-Length and Transfer-Encoding is refused and its connection closed.

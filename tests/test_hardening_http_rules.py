@@ -1,4 +1,4 @@
-"""Unit tests of issue 10's HTTP hardening rules, without a server: which Origins and Content-Types
+"""Unit tests of the HTTP hardening rules, without a server: which Origins and Content-Types
 a request may carry (``colibri.api.security``), ambiguous HTTP/1.1 framing, and request bodies that
 are valid JSON yet no request (lone surrogates, deep nesting, huge integers), which must be a 400
 naming the problem (``colibri.api.openai_requests``)."""

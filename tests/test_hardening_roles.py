@@ -1,4 +1,4 @@
-"""Issue 10, item 1: text from a client is data. Message content can never become a control token:
+"""Text from a client is data. Message content can never become a control token:
 it cannot close its turn or open a forged system or assistant turn, on the tokenizer, through the
 real server, or through `coli run`."""
 

@@ -1,4 +1,4 @@
-"""Issue 11: OpenAI's Responses API (``POST /v1/responses``), for the text and tool subset.
+"""OpenAI's Responses API (``POST /v1/responses``), for the text and tool subset.
 
 Unit tests: the translation of a Responses body into a chat body (items, instructions, tools,
 ``text.format``), the refusals (what needs a stored response, built-in tools), the errors renamed to

@@ -1,7 +1,7 @@
 """The scaled-down real architectures of ``tools/make_synthetic_moe.py --arch qwen3moe|glm4moe``
-(issue 16's real-architecture benchmarks): each is llama.cpp's Q4_K_M mix, its random K-quant
-blocks have the spread of the Q4_0 file's, and colibri and llama.cpp (the peer, on the same file)
-compute the same logits from it; colibri gives the same tokens whatever its expert budget."""
+(``bench/bench_moe_peer.py``'s real architectures): each is llama.cpp's Q4_K_M mix, its random
+K-quant blocks have the spread of the Q4_0 file's, and colibri and llama.cpp (the peer, on the same
+file) compute the same logits from it; colibri gives the same tokens whatever its expert budget."""
 
 from __future__ import annotations
 
