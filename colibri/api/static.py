@@ -8,12 +8,16 @@ A request path is split into segments and each one checked: no ``..``, no empty 
 no backslashes or NULs; the joined path is resolved (symlinks followed) and must stay inside the
 resolved root. Anything else falls back to ``index.html`` (the page's own router shows its 404)
 or, for something that looks like an asset (has a file extension), a plain 404.
+
+The console's own file types are fixed here, not left to the platform's table: a browser runs a
+``<script type="module">`` only when it is served as JavaScript, and ``mimetypes`` reads
+``/etc/mime.types`` (or the Windows registry), which on some machines says ``text/plain`` for ``.js``.
 """
 
 from __future__ import annotations
 
 import mimetypes
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from quart import Response
 
@@ -24,6 +28,17 @@ NO_PAGE = (
     "<h1>colibri</h1><p>The API is at <code>/v1</code> (OpenAI-compatible). "
     "The web console is not built: <code>--web-dist</code> names no directory.</p>"
 )
+
+CONTENT_TYPES = {
+    ".html": "text/html", ".js": "text/javascript", ".mjs": "text/javascript", ".css": "text/css",
+    ".json": "application/json", ".svg": "image/svg+xml", ".png": "image/png", ".ico": "image/x-icon",
+}
+
+
+def content_type(name: str) -> str:
+    """The type a file is served as: the page's own types as above, the platform's table for the rest."""
+    suffix = PurePosixPath(name).suffix.lower()
+    return CONTENT_TYPES.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
 
 
 class StaticSite:
@@ -58,7 +73,7 @@ class StaticSite:
             if self.root is None and path in ("", "index.html"):
                 return Response(NO_PAGE, mimetype="text/html")
             return Response(not_found().json_bytes(), status=404, mimetype="application/json")
-        mime = mimetypes.guess_type(found.name)[0] or "application/octet-stream"
+        mime = content_type(found.name)
         # no-cache: revalidated on every load, so an upgraded package's page is never mixed with a
         # stale script (the files are small)
         headers = {"x-content-type-options": "nosniff", "cache-control": "no-cache"}
