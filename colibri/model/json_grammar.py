@@ -6,8 +6,8 @@ none elsewhere): left free, a small model sampled at temperature 1 rambles in ne
 schema a client wrote for OpenAI. An object schema that lists ``properties`` and says nothing of
 ``additionalProperties`` gets no other keys (``closed``), as llama.cpp's converter has it: left
 open, the default model invents a ``"description"`` key and rambles in it; the output stays valid
-for the schema as sent. The HTTP server's structured outputs and tools (``colibri.api``) and the
-Channel session's tool calls (``colibri.sched``) both build their grammars here.
+for the schema as sent. The HTTP server's structured outputs (``colibri.api``) and the tool calls
+of both front ends (``tool_format``) build their grammars here.
 """
 
 from __future__ import annotations

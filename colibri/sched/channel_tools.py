@@ -1,22 +1,22 @@
 """The Channel session's tools (SET_SYSTEM's ``tools``): how they are offered, forced and read back.
 
-Tools are described in the system message and called with Hermes markers,
+Tools are described in the system message and called with ``tool_format``'s markers,
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, as plain text: that works with any
 chat template, the default model's included (whose template knows no tools). ``tool_choice`` (a
 key of ours in SET_SYSTEM's object: ``"auto"``, the default, or ``"required"``) decides whether the
-answer may be text: with ``"required"`` it is held by a grammar (llguidance's Lark, the same
-machinery as the HTTP server's structured outputs) to one call of a declared tool, its arguments
-valid for the tool's schema. A call is read back only at the start of the answer.
+answer may be text: with ``"required"`` it is held by ``tool_format``'s grammar to one call of a
+declared tool, its arguments valid for the tool's schema. A call is read back only at the start of
+the answer. The wording, grammar and parser are the HTTP server's own (``colibri.model.tool_format``).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from colibri.model.json_grammar import json_item
+from colibri.model.tool_format import CALL_CLOSE, CALL_OPEN, ToolSet
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+__all__ = ["CALL_CLOSE", "CALL_OPEN", "MODES", "Tools"]
+
 MODES = ("auto", "required")
 
 
@@ -29,10 +29,11 @@ class Tools:
         self.tools: list[dict[str, Any]] = [t for t in raw if isinstance(t, dict)]
         choice = (system or {}).get("tool_choice", "auto")
         self.mode = "none" if not self.tools else choice if choice in MODES else "auto"
+        self.format = ToolSet(tuple(self.tools), required=self.mode == "required")
 
     @property
     def names(self) -> set[str]:
-        return {str(t.get("name")) for t in self.tools}
+        return set(self.format.names)
 
     def system_text(self) -> str | None:
         """The system message: the instructions, then the tools and how to call them."""
@@ -40,35 +41,14 @@ class Tools:
             return None
         text = str(self.system.get("instructions") or "")
         if self.tools:
-            listed = json.dumps([{k: t[k] for k in ("name", "description", "parameters") if k in t}
-                                 for t in self.tools], ensure_ascii=False)
-            text += ("\n\n" if text else "") + (
-                "You can call these tools (each with the JSON schema of its arguments):\n" + listed +
-                f'\nTo call one, answer with {CALL_OPEN}{{"name": "<tool name>", "arguments": {{...}}}}'
-                f"{CALL_CLOSE} and nothing else. Its result comes back in a tool message.")
+            text += ("\n\n" if text else "") + self.format.marker_instructions()
         return text or None
 
     def grammar(self) -> str:
         """A call of one of the tools, its arguments held to the tool's schema."""
-        calls = [{"type": "object",
-                  "properties": {"name": {"const": t["name"]},
-                                 "arguments": t.get("parameters") or {"type": "object"}},
-                  "required": ["name", "arguments"], "additionalProperties": False}
-                 for t in self.tools]
-        schema = {"anyOf": calls} if len(calls) > 1 else calls[0]
-        return f"start: {json.dumps(CALL_OPEN)} call {json.dumps(CALL_CLOSE)}\ncall: {json_item(schema)}\n"
+        return self.format.marker_grammar()
 
     def parse(self, content: str) -> tuple[str, str] | None:
         """(name, arguments JSON) of the call ``content`` starts with, or None if it is not one."""
-        body = content.strip()[len(CALL_OPEN):]
-        body = body[: body.find(CALL_CLOSE)] if CALL_CLOSE in body else body
-        try:
-            call = json.loads(body)
-        except ValueError:
-            return None
-        if not isinstance(call, dict) or call.get("name") not in self.names:
-            return None
-        arguments = call.get("arguments", {})
-        if not isinstance(arguments, dict):
-            return None
-        return call["name"], json.dumps(arguments, ensure_ascii=False)
+        _, calls = self.format.read_markers(content)
+        return (calls[0].name, calls[0].arguments) if calls else None
