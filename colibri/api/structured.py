@@ -5,43 +5,29 @@ The grammar contract (the engine's ``colibri/model/grammar.py``): a ``str`` that
 compiles. Ours is llguidance's Lark with an embedded JSON schema, ``start: %json {...}``, built by
 ``colibri/model/json_grammar.py`` (fixed whitespace, ``lenient``, objects closed to keys they do
 not list). A schema llguidance cannot compile is the client's 400 here, never the engine's error
-later.
+later (``colibri/model/grammar.py``: how often a grammar is compiled).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import llguidance
-from llguidance.gbnf_to_lark import any_to_lark
-
 from colibri.api.openai_errors import bad, shown
+from colibri.model.grammar import GrammarError, compile_grammar
 from colibri.model.json_grammar import json_grammar
 
-__all__ = ["checked", "grammar_error", "json_grammar", "response_format_grammar"]
+__all__ = ["checked", "json_grammar", "response_format_grammar"]
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
-# How much of llguidance's message a 400 quotes: its first line names the fault; the rest echoes
-# the whole grammar back.
-MAX_ERROR_CHARS = 300
-
-
-def grammar_error(grammar: str) -> str:
-    """llguidance's complaint about ``grammar`` ("" when it compiles), cut to its first line."""
-    try:
-        lark = any_to_lark(grammar)
-        message = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark))
-    except Exception as e:  # noqa: BLE001 - a foreign library's failure on a client's schema
-        message = str(e) or type(e).__name__
-    first = message.strip().splitlines()[0] if message.strip() else ""
-    return first[:MAX_ERROR_CHARS]
 
 
 def checked(grammar: str, field: str) -> str:
-    """``grammar`` if llguidance compiles it, else a 400 naming ``field``."""
-    error = grammar_error(grammar)
-    if error:
-        raise bad(field, f"'{field}' cannot be used as a grammar: {error}")
+    """``grammar`` if llguidance compiles it, else a 400 naming ``field``. Checked once per distinct
+    text (``compile_grammar``'s cache): the same schema or tools each turn cost nothing again."""
+    try:
+        compile_grammar(grammar)
+    except GrammarError as e:
+        raise bad(field, f"'{field}' cannot be used as a grammar: {e}") from None
     return grammar
 
 

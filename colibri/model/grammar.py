@@ -7,12 +7,27 @@ microseconds for a 49k vocabulary. Chosen over xgrammar (needs torch and transfo
 and outlines-core (regex-only: no GBNF, and an index build per schema that costs seconds): see
 docs/serve_protocol.md.
 
-``compile_grammar`` checks a grammar without a vocabulary (the HTTP server validates a client's
-schema before it reaches the engine); ``GrammarVocab`` binds llguidance to the model's tokenizer
-once; ``Constraint`` is one request's state.
+A grammar is compiled once per request at most, and once per distinct text in each process:
+
+- ``compile_grammar`` checks a grammar without a vocabulary, where it is first met (the HTTP server
+  answers a schema llguidance refuses with a 400 naming the field, the Channel session refuses the
+  SET_SYSTEM); it is cached by text, so the tools or schema an agent sends with every turn are
+  checked once.
+- ``GrammarVocab.constraint``, in the engine, compiles the grammar against the vocabulary (the
+  compile that the mask needs, a few milliseconds for a tool set) and keeps the fresh matcher by
+  text; each request gets a copy (microseconds), which shares the compiled lexer and its caches.
+  It does not check the grammar first: the matcher's own compile reports the same faults.
+
+Caching by text in each process, rather than checking in the server and trusting the engine, keeps
+the engine safe from any SUBMIT's grammar and the server's 400s before admission, at the price of
+one compile per process for a grammar never seen before.
 """
 
 from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from functools import lru_cache
 
 import llguidance
 import numpy as np
@@ -20,22 +35,40 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from colibri.errors import ColibriError
 
+# Distinct grammars kept compiled, in each cache: a server's clients send a handful of tool sets and
+# schemas over and over; the bound keeps one that sends a new schema every request from growing it.
+GRAMMAR_CACHE = 32
+# How much of llguidance's message an error keeps: its first line names the fault; the rest echoes
+# the whole grammar back.
+MAX_ERROR_CHARS = 300
+
 
 class GrammarError(ColibriError):
     """A grammar that does not parse or compile."""
 
 
-def compile_grammar(text: str) -> str:
-    """``text`` (GBNF, or llguidance Lark) as llguidance's grammar; GrammarError says what is wrong.
-    A grammar that is valid here compiles against any vocabulary."""
+def _first_line(message: str) -> str:
+    lines = message.strip().splitlines()
+    return (lines[0] if lines else "")[:MAX_ERROR_CHARS]
+
+
+def _lark(text: str) -> str:
+    """``text`` (GBNF, or llguidance Lark) as llguidance's grammar object (not yet compiled)."""
     try:
-        lark = any_to_lark(text)
-    except Exception as e:  # the converter's own errors carry no common base class
-        raise GrammarError(f"the grammar does not parse: {e}") from None
-    grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(text))
+    except Exception as e:  # noqa: BLE001 - the converter's own errors carry no common base class
+        raise GrammarError(f"the grammar does not parse: {_first_line(str(e)) or type(e).__name__}") from None
+
+
+@lru_cache(maxsize=GRAMMAR_CACHE)
+def compile_grammar(text: str) -> str:
+    """``text`` as llguidance's grammar, once it compiles; GrammarError says what is wrong. A
+    grammar that is valid here compiles against any vocabulary. Cached by text (a refused one
+    is not: the exception is raised afresh)."""
+    grammar = _lark(text)
     message = llguidance.LLMatcher.validate_grammar(grammar)
     if message:
-        raise GrammarError(f"the grammar does not compile: {message}")
+        raise GrammarError(f"the grammar does not compile: {_first_line(message)}")
     return grammar
 
 
@@ -46,19 +79,32 @@ class GrammarVocab:
     def __init__(self, tokenizer_json: str, n_vocab: int, stop_ids: frozenset[int]) -> None:
         self.n_vocab = n_vocab
         self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=n_vocab, eos_token=sorted(stop_ids))
+        self._compiled: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # never advanced
+        self._lock = threading.Lock()  # requests compile in worker threads
 
     def constraint(self, text: str) -> Constraint:
-        return Constraint(self, compile_grammar(text))
+        """A fresh state of ``text``'s grammar for one request (module docstring: the cache)."""
+        with self._lock:
+            fresh = self._compiled.get(text)
+            if fresh is not None:
+                self._compiled.move_to_end(text)
+                return Constraint(self, fresh.deep_copy())
+        fresh = llguidance.LLMatcher(self.tokenizer, _lark(text))
+        if fresh.is_error():
+            raise GrammarError(f"the grammar does not compile: {_first_line(fresh.get_error())}")
+        with self._lock:
+            self._compiled[text] = fresh
+            while len(self._compiled) > GRAMMAR_CACHE:
+                self._compiled.popitem(last=False)
+            return Constraint(self, fresh.deep_copy())
 
 
 class Constraint:
     """One request's grammar state: ``allowed()`` before sampling, ``advance(token)`` after."""
 
-    def __init__(self, vocab: GrammarVocab, grammar: str) -> None:
+    def __init__(self, vocab: GrammarVocab, matcher: llguidance.LLMatcher) -> None:
         self.vocab = vocab
-        self.matcher = llguidance.LLMatcher(vocab.tokenizer, grammar)
-        if self.matcher.is_error():
-            raise GrammarError(f"the grammar does not compile: {self.matcher.get_error()}")
+        self.matcher = matcher
         self._bits = np.zeros((vocab.n_vocab + 31) // 32, np.int32)
 
     def allowed(self) -> np.ndarray:
