@@ -14,7 +14,6 @@ import pytest
 import trio
 
 from colibri.api.admission import Admission
-from colibri.api.completion import admit, answer_json, answer_sse
 from colibri.api.engine_client import EngineDied
 from colibri.api.generation import ContextExceeded, EngineRefused, EngineStopped, GenerationRun
 from colibri.api.metrics import server_metrics
@@ -22,6 +21,7 @@ from colibri.api.openai_errors import ApiError
 from colibri.api.openai_requests import MAX_TOP_LOGPROBS, parse_chat, parse_completion
 from colibri.api.security import CorsPolicy, HostGuard
 from colibri.api.server_state import ServerState
+from colibri.api.serving import admit, answer_json, answer_sse
 from colibri.io.events import TOPK_CANDIDATES, Data, Done, Error, ErrorCode, TopK
 
 PROMPT_TOKENS = 3
@@ -153,7 +153,7 @@ async def test_sse_frames_in_order_then_slot_released() -> None:
     body = {"messages": [{"role": "user", "content": "x"}], "stream": True,
             "stream_options": {"include_usage": True}}
     gen = parse_chat(body, state.render, 64, 2)
-    frames = [f async for f in answer_sse(state, gen, await admit(state, gen), "/v1/chat/completions")]
+    frames = [f async for f in answer_sse(state, gen, await admit(state, gen))]
     assert all(f.startswith(b"data: ") and f.endswith(b"\n\n") for f in frames)
     assert frames[-1] == b"data: [DONE]\n\n"
     kinds = [f.split(b'"choices": ', 1)[1][:2] for f in frames[:-1]]
@@ -166,7 +166,7 @@ async def test_sse_frames_in_order_then_slot_released() -> None:
 async def test_sse_error_after_headers_is_a_frame() -> None:
     state = state_for(ScriptedEngine([Error(1, ErrorCode.SLOT_BUSY)]))
     gen = parse_completion({"prompt": "p", "stream": True}, 64, 2)
-    frames = [f async for f in answer_sse(state, gen, await admit(state, gen), "/v1/completions")]
+    frames = [f async for f in answer_sse(state, gen, await admit(state, gen))]
     assert frames[-2].startswith(b'data: {"error": {"message": "the engine refused the request: SLOT_BUSY"')
     assert frames[-1] == b"data: [DONE]\n\n"
     assert state.counters == {"completed": 0, "rejected": 0, "cancelled": 0, "failed": 1}

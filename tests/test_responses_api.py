@@ -18,10 +18,10 @@ from openai.types.responses import Response
 from serve_harness import error_body, read_sse
 from test_api_generation import done, state_for, token
 
-from colibri.api.completion import admit
 from colibri.api.openai_errors import ApiError
-from colibri.api.responses_api import answer_json, answer_sse, parse, renamed, to_chat
+from colibri.api.responses_api import parse, renamed, to_chat
 from colibri.api.responses_shapes import EventStream, ResponseEnvelope
+from colibri.api.serving import admit, answer_json, answer_sse
 from colibri.io.events import Error, ErrorCode
 
 CTX = 512
@@ -234,7 +234,7 @@ async def test_json_answer_cut_by_the_budget_is_incomplete():
 async def test_sse_events_in_order_then_slot_released():
     state = state_for(ScriptedEngine([*token("Hel"), *token("lo"), done(2, length_limited=False)]))
     req = parse_body({"input": "x", "stream": True})
-    frames = [f async for f in answer_sse(state, req, await admit(state, req.gen), "/v1/responses")]
+    frames = [f async for f in answer_sse(state, req, await admit(state, req.gen))]
     events = sse_types(frames)
     assert [t for t, _ in events] == [
         "response.created", "response.in_progress", "response.output_item.added",
@@ -251,7 +251,7 @@ async def test_sse_events_in_order_then_slot_released():
 async def test_sse_failure_after_headers_is_error_then_failed():
     state = state_for(ScriptedEngine([Error(1, ErrorCode.SLOT_BUSY)]))
     req = parse_body({"input": "x", "stream": True})
-    frames = [f async for f in answer_sse(state, req, await admit(state, req.gen), "/v1/responses")]
+    frames = [f async for f in answer_sse(state, req, await admit(state, req.gen))]
     events = sse_types(frames)
     assert [t for t, _ in events][-2:] == ["error", "response.failed"]
     assert events[-1][1]["response"]["status"] == "failed"
@@ -273,7 +273,7 @@ async def test_tool_call_streams_after_the_answer_is_whole():
     state = state_for(ScriptedEngine([*token(ENVELOPE_CALL[:20]), *token(ENVELOPE_CALL[20:]),
                                       done(2, length_limited=False)]))
     req = parse_body({"input": "x", "tools": [WEATHER], "stream": True})
-    frames = [f async for f in answer_sse(state, req, await admit(state, req.gen), "/v1/responses")]
+    frames = [f async for f in answer_sse(state, req, await admit(state, req.gen))]
     events = sse_types(frames)
     assert [t for t, _ in events] == [
         "response.created", "response.in_progress", "response.output_item.added",
@@ -289,7 +289,7 @@ async def test_tool_call_streams_after_the_answer_is_whole():
 async def test_tool_enabled_plain_answer_is_a_message():
     state = state_for(ScriptedEngine([*token('{"response": "Hi there"}'), done(1, length_limited=False)]))
     req = parse_body({"input": "x", "tools": [WEATHER], "stream": True})
-    frames = [f async for f in answer_sse(state, req, await admit(state, req.gen), "/v1/responses")]
+    frames = [f async for f in answer_sse(state, req, await admit(state, req.gen))]
     events = sse_types(frames)
     deltas = [p["delta"] for t, p in events if t == "response.output_text.delta"]
     assert deltas == ["Hi there"] and events[-1][0] == "response.completed"

@@ -4,8 +4,8 @@ The engine streams DATA (text) and TOPK (the token's candidates) events; a ``Gen
 them into ``Piece``s: the text a client may see now, with stop strings applied, and the logprobs
 of the tokens that made that text. At the end it knows the finish reason, the usage and the
 engine's stats. Leaving early (a client gone, a stop string) cancels the request in the engine
-and waits until the engine has let go of the slot. How a piece looks on the wire is
-``openai_responses``'s business; failures are ``GenerationFailed``, mapped to HTTP by the caller.
+and waits until the engine has let go of the slot. How a piece looks on the wire is the endpoint's
+shaper's business (``serving``); failures are ``GenerationFailed``, mapped to HTTP by the caller.
 """
 
 from __future__ import annotations

@@ -143,6 +143,8 @@ class Generation:
     # The prompt's token ids, set by the server after parsing (model/text.py's trust rule: client
     # text never becomes a control token); empty, the engine tokenizes ``prompt`` itself.
     prompt_ids: tuple[int, ...] = ()
+    # The field a client shortens when the prompt is over the context: "messages", "prompt", "input".
+    prompt_field: str = "messages"
 
 
 def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
@@ -261,6 +263,7 @@ def _common(
         top_logprobs=top,
         cache_slot=_integer(body, "cache_slot", 0, n_slots - 1),
         messages=messages or [],
+        prompt_field="messages" if kind == "chat" else "prompt",
     )
 
 

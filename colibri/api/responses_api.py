@@ -3,29 +3,21 @@
 A Responses body is translated into a chat-completions body (``input`` items -> ``messages``,
 flat function tools -> chat tools, ``text.format`` -> ``response_format``, ``max_output_tokens`` ->
 ``max_tokens``) and parsed by ``parse_chat``, so both endpoints share one validation, one
-template and one generation; an error ``parse_chat`` raises is renamed to the Responses field the
-client sent. The answer is shaped by ``responses_shapes``. The server stores nothing: what needs a
-stored response (``previous_response_id``, ``conversation``, ``background``) is a 400 saying so,
-as are the built-in tools and every other field colibri does not serve.
+template and one serving path (``serving``); an error ``parse_chat`` raises is renamed to the
+Responses field the client sent. The answer is shaped by ``responses_shapes``. The server stores
+nothing: what needs a stored response (``previous_response_id``, ``conversation``,
+``background``) is a 400 saying so, as are the built-in tools and every other field colibri does
+not serve.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import trio
-
-from colibri.api import completion, openai_errors
-from colibri.api.admission import SlotLease
-from colibri.api.generation import ContextExceeded, GenerationFailed, GenerationRun
 from colibri.api.openai_errors import ApiError, bad, shown
 from colibri.api.openai_requests import Generation, Render, parse_chat
-from colibri.api.responses_shapes import Answer, EventStream, ResponseEnvelope, new_id, usage
-from colibri.api.server_state import ServerState
-from colibri.api.tools import split_output
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")  # a message's text, as sent or as replayed
@@ -281,96 +273,5 @@ def parse(body: Any, render: Render, n_ctx: int, n_slots: int) -> ResponsesReque
         gen = parse_chat(chat, render, n_ctx, n_slots)
     except ApiError as e:
         raise renamed(e, origins) from None
+    gen.prompt_field = "input"
     return ResponsesRequest(gen, echo(body, gen))
-
-
-# ----------------------------------------------------------------------------- the answer
-
-
-def split_answer(text: str, req: ResponsesRequest) -> tuple[str | None, list[dict[str, Any]]]:
-    """The answer's message text (None: none) and its chat-shaped tool calls."""
-    return split_output(text, req.gen.tools)  # the model's markers, or the generic JSON envelope
-
-
-def as_api_error(e: GenerationFailed, gen: Generation) -> ApiError:
-    if isinstance(e, ContextExceeded):
-        return openai_errors.context_length_exceeded(e.used, e.limit, "input")
-    return completion.as_api_error(e, gen)
-
-
-def answer_of(run: GenerationRun, text: str | None, calls: list[dict[str, Any]], **ids: Any) -> Answer:
-    """The finished answer; the usage is counted into the metrics here, once."""
-    cached = run.perf.reused_tokens if run.perf else 0
-    return Answer(text, calls, run.finish == "length", usage(*run.record_usage(), cached), run.stats(), **ids)
-
-
-async def answer_json(state: ServerState, req: ResponsesRequest, lease: SlotLease) -> dict[str, Any]:
-    """The whole response of a request that does not stream; the slot is released on return."""
-    async with lease:
-        run, _ = completion.start(state, req.gen, lease)
-        try:
-            text = "".join([piece.text async for piece in run.pieces()])
-        except GenerationFailed as e:
-            raise as_api_error(e, req.gen) from None
-        state.counters["completed"] += 1
-        content, calls = split_answer(text, req)
-        return ResponseEnvelope(state.model_id, req.echo).final(answer_of(run, content, calls))
-
-
-async def answer_sse(
-    state: ServerState, req: ResponsesRequest, lease: SlotLease, endpoint: str
-) -> AsyncIterator[bytes]:
-    """The SSE events of a streamed response; owns the lease from here on."""
-    frames = _frames(state, req, lease)
-    try:
-        async for frame in frames:
-            yield frame
-    finally:
-        with trio.CancelScope(shield=True):
-            await frames.aclose()  # ends the request in the engine before the slot is freed
-            await lease.release()
-        state.metrics.requests.inc(endpoint=endpoint, status="200")
-
-
-async def _frames(state: ServerState, req: ResponsesRequest, lease: SlotLease) -> AsyncIterator[bytes]:
-    """The events proper: text deltas as they come; with tools, the items once the answer is
-    whole. Completed once the last event is out, cancelled if the client leaves first."""
-    run, _ = completion.start(state, req.gen, lease)
-    events = EventStream(ResponseEnvelope(state.model_id, req.echo))
-    pieces = run.pieces()
-    try:
-        for frame in events.opening():
-            yield frame
-        if req.parse_tools:  # a tool call is known only once the answer is whole
-            answer = answer_of(run, *split_answer("".join([p.text async for p in pieces]), req))
-            tail = [] if answer.text is None else _message_frames(events, answer)
-        else:
-            item_id, parts = new_id("msg"), []
-            for frame in events.message_start(0, item_id):
-                yield frame
-            async for piece in pieces:
-                if piece.text:
-                    parts.append(piece.text)
-                    yield events.text_delta(0, item_id, piece.text)
-            answer = answer_of(run, "".join(parts), [], message_id=item_id)
-            tail = events.message_end(0, item_id, "".join(parts), answer.status)
-        for frame in tail + events.calls(answer, first_index=int(answer.text is not None)):
-            yield frame
-        yield events.closing(answer)
-        state.counters["completed"] += 1
-    except GenerationFailed as e:  # after the headers: the error travels as events
-        for frame in events.failed(as_api_error(e, req.gen)):
-            yield frame
-    except (trio.Cancelled, GeneratorExit):
-        state.counters["cancelled"] += 1  # the client went away
-        raise
-    finally:
-        with trio.CancelScope(shield=True):
-            await pieces.aclose()
-
-
-def _message_frames(events: EventStream, answer: Answer) -> list[bytes]:
-    """A message known whole (a tool-enabled answer): its events at once, the text in one delta."""
-    text, item_id = answer.text or "", answer.message_id
-    delta = [events.text_delta(0, item_id, text)] if text else []
-    return events.message_start(0, item_id) + delta + events.message_end(0, item_id, text, answer.status)

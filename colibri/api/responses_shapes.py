@@ -13,31 +13,34 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from colibri.api.openai_errors import ApiError
-from colibri.api.openai_responses import ID_HEX_CHARS
+from colibri.api.shaping import Answer, new_id
+
+if TYPE_CHECKING:
+    from colibri.api.generation import Piece
+    from colibri.api.openai_errors import ApiError
+    from colibri.api.responses_api import ResponsesRequest
 
 LENGTH_REASON = "max_output_tokens"  # incomplete_details.reason of an answer cut by its budget
 
 
-def new_id(prefix: str) -> str:
-    """OpenAI's id style: ``resp_…`` for a response, ``msg_…`` a message, ``fc_…`` a function call."""
-    return f"{prefix}_{uuid.uuid4().hex[:ID_HEX_CHARS]}"
-
-
-def usage(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    """``cached_tokens``: prompt tokens the KV slot already held (the engine's reused tokens).
-    ``cache_write_tokens`` (newer SDKs require it) is 0: OpenAI bills cache writes, colibri does not."""
+def response_usage(answer: Answer) -> dict[str, Any]:
+    """``cached_tokens``: prompt tokens the KV slot already held. ``cache_write_tokens`` (newer SDKs
+    require it) is 0: OpenAI bills cache writes, colibri does not."""
     return {
-        "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
-        "output_tokens": output_tokens,
+        "input_tokens": answer.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": answer.cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": answer.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": input_tokens + output_tokens,
+        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
     }
+
+
+def status_of(answer: Answer) -> str:
+    """Incomplete when the budget (``max_output_tokens``) cut the answer."""
+    return "incomplete" if answer.finish == "length" else "completed"
 
 
 def output_text(text: str) -> dict[str, Any]:
@@ -70,37 +73,13 @@ def failure(err: ApiError) -> dict[str, Any]:
     return {"code": "server_error" if err.status >= 500 else "invalid_prompt", "message": err.message}
 
 
-@dataclass
-class Answer:
-    """What one generation produced, shaped: the output items, the status and the usage."""
-
-    text: str | None  # None: no message (the answer was tool calls only)
-    calls: list[dict[str, Any]]  # chat-shaped tool calls
-    cut: bool  # stopped by max_output_tokens
-    usage: dict[str, Any]
-    stats: dict[str, Any]  # the ``colibri`` block
-    message_id: str = field(default_factory=lambda: new_id("msg"))
-    call_ids: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.call_ids = self.call_ids or [new_id("fc") for _ in self.calls]
-
-    @property
-    def status(self) -> str:
-        return "incomplete" if self.cut else "completed"
-
-    def output(self) -> list[dict[str, Any]]:
-        items = [] if self.text is None else [message_item(self.message_id, self.text, self.status)]
-        return items + [function_call_item(c, i) for c, i in zip(self.calls, self.call_ids, strict=True)]
-
-
 @dataclass(frozen=True)
 class ResponseEnvelope:
     """One response's id, model, creation time, and the request fields every copy repeats."""
 
     model: str
     echo: dict[str, Any]  # instructions, tools, tool_choice, temperature, text... as requested
-    id: str = field(default_factory=lambda: new_id("resp"))
+    id: str = field(default_factory=lambda: new_id("resp_"))
     created_at: int = field(default_factory=lambda: int(time.time()))
 
     def response(self, status: str, output: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -123,14 +102,15 @@ class ResponseEnvelope:
             **extra,
         }
 
-    def final(self, answer: Answer) -> dict[str, Any]:
+    def final(self, answer: Answer, output: list[dict[str, Any]]) -> dict[str, Any]:
         """The finished response: completed, or incomplete when the budget cut it."""
+        cut = answer.finish == "length"
         return self.response(
-            answer.status,
-            answer.output(),
+            status_of(answer),
+            output,
             completed_at=int(time.time()),
-            incomplete_details={"reason": LENGTH_REASON} if answer.cut else None,
-            usage=answer.usage,
+            incomplete_details={"reason": LENGTH_REASON} if cut else None,
+            usage=response_usage(answer),
             colibri=answer.stats,
         )
 
@@ -187,19 +167,58 @@ class EventStream:
                        item=function_call_item(call, item_id)),
         ]
 
-    def calls(self, answer: Answer, first_index: int) -> list[bytes]:
-        out: list[bytes] = []
-        for n, (call, item_id) in enumerate(zip(answer.calls, answer.call_ids, strict=True)):
-            out += self.function_call(first_index + n, call, item_id)
-        return out
-
-    def closing(self, answer: Answer) -> bytes:
-        kind = "response.incomplete" if answer.cut else "response.completed"
-        return self.frame(kind, response=self.env.final(answer))
-
     def failed(self, err: ApiError) -> list[bytes]:
         """After the headers a failure is an ``error`` event, then ``response.failed``."""
         return [
             self.frame("error", code=err.code or err.type, message=err.message, param=err.param),
             self.frame("response.failed", response=self.env.response("failed", [], error=failure(err))),
         ]
+
+
+class ResponsesShaper:
+    """One response: text deltas as they come into one message item; with tools offered (held),
+    the message and the ``function_call`` items once the answer is whole."""
+
+    endpoint = "/v1/responses"
+
+    def __init__(self, request: ResponsesRequest, model: str) -> None:
+        self.env = ResponseEnvelope(model, request.echo)
+        self.events = EventStream(self.env)
+        self.held = request.parse_tools
+        self.message_id = new_id("msg_")
+        self.call_ids: list[str] = []
+
+    def output(self, answer: Answer) -> list[dict[str, Any]]:
+        """The output items: the message (unless the answer only calls), then the calls."""
+        self.call_ids = self.call_ids or [new_id("fc_") for _ in answer.calls]
+        calls = [function_call_item(c, i) for c, i in zip(answer.calls, self.call_ids, strict=True)]
+        if answer.text is None:
+            return calls
+        return [message_item(self.message_id, answer.text, status_of(answer)), *calls]
+
+    def opening(self) -> list[bytes]:
+        return self.events.opening() + ([] if self.held else self.events.message_start(0, self.message_id))
+
+    def delta(self, piece: Piece) -> list[bytes]:
+        if self.held or not piece.text:
+            return []
+        return [self.events.text_delta(0, self.message_id, piece.text)]
+
+    def closing(self, answer: Answer) -> list[bytes]:
+        output, status = self.output(answer), status_of(answer)
+        frames, text, item_id = [], answer.text, self.message_id
+        if text is not None:  # held: the message's events at once, its text in one delta
+            start = self.events.message_start(0, item_id) if self.held else []
+            delta = [self.events.text_delta(0, item_id, text)] if self.held and text else []
+            frames += start + delta + self.events.message_end(0, item_id, text, status)
+        first = int(text is not None)
+        for n, (call, call_id) in enumerate(zip(answer.calls, self.call_ids, strict=True)):
+            frames += self.events.function_call(first + n, call, call_id)
+        kind = "response.incomplete" if status == "incomplete" else "response.completed"
+        return [*frames, self.events.frame(kind, response=self.env.final(answer, output))]
+
+    def failed(self, err: ApiError) -> list[bytes]:
+        return self.events.failed(err)
+
+    def whole(self, answer: Answer) -> dict[str, Any]:
+        return self.env.final(answer, self.output(answer))

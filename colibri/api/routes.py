@@ -1,30 +1,32 @@
 """The HTTP routes: the OpenAI API, health, experts, metrics and the web page, as a Blueprint.
 
 Handlers stay thin: they read the request, find the ``ServerState`` in the app, and hand the work
-to ``completion`` (generation), ``openai_*`` (shapes) or ``static`` (the page).
+to ``serving`` (every generation endpoint, one path) or ``static`` (the page).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-import trio
 from quart import Blueprint, Response, current_app, request
 
 from colibri import __version__
-from colibri.api import completion, openai_errors, openai_responses, responses_api
+from colibri.api import openai_errors, responses_api, serving
+from colibri.api.completion_shapes import ChatShaper, CompletionShaper
 from colibri.api.metrics import CONTENT_TYPE
 from colibri.api.openai_errors import ApiError
-from colibri.api.openai_requests import Generation, parse_chat, parse_completion, parse_json
+from colibri.api.openai_requests import parse_chat, parse_completion, parse_json
+from colibri.api.responses_shapes import ResponsesShaper
 from colibri.api.server_state import EXTENSION, ServerState
+from colibri.api.serving import Served
+from colibri.api.shaping import SSE_HEADERS, SSE_MIMETYPE
 from colibri.api.static import StaticSite
 
 blueprint = Blueprint("colibri", __name__)
 
-ENDPOINTS = {  # the metrics' label
-    "chat": "/v1/chat/completions", "completion": "/v1/completions", "responses": "/v1/responses",
-}
+OWNER = "colibri"  # the model card's ``owned_by``
 QUEUE_WAIT_HEADER = "x-colibri-queue-wait-ms"
 SITE_EXTENSION = "colibri.site"  # the web page's files, in ``app.extensions``
 
@@ -41,13 +43,17 @@ def error_response(err: ApiError) -> Response:
     return json_response(err.body(), err.status)
 
 
+def model_card(model_id: str, created: int) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": OWNER}
+
+
 # ----------------------------------------------------------------------------- models, status
 
 
 @blueprint.get("/v1/models")
 async def models() -> dict[str, Any]:
     state = server_state()
-    return openai_responses.model_list(state.model_id, state.created)
+    return {"object": "list", "data": [model_card(state.model_id, state.created)]}
 
 
 @blueprint.get("/v1/models/<path:model>")
@@ -55,7 +61,7 @@ async def model(model: str) -> dict[str, Any] | Response:
     state = server_state()
     if model != state.model_id:
         return error_response(openai_errors.model_not_found(model))
-    return openai_responses.model_card(state.model_id, state.created)
+    return model_card(state.model_id, state.created)
 
 
 @blueprint.get("/health")
@@ -142,14 +148,12 @@ async def prometheus() -> Response:
 # ----------------------------------------------------------------------------- generation
 
 
-@blueprint.post("/v1/chat/completions")
-async def chat_completions() -> Response:
-    return await _generate("chat")
-
-
-@blueprint.post("/v1/completions")
-async def completions() -> Response:
-    return await _generate("completion")
+# Each generation endpoint's parser: the one thing, with its shaper (``serving.job``), that differs.
+PARSERS: dict[str, Callable[[Any, ServerState], Served]] = {
+    ChatShaper.endpoint: lambda body, s: parse_chat(body, s.render, s.n_ctx, s.n_slots),
+    CompletionShaper.endpoint: lambda body, s: parse_completion(body, s.n_ctx, s.n_slots),
+    ResponsesShaper.endpoint: lambda body, s: responses_api.parse(body, s.render, s.n_ctx, s.n_slots),
+}
 
 
 async def _body(state: ServerState) -> Any:
@@ -161,73 +165,29 @@ async def _body(state: ServerState) -> Any:
     return parse_json(await request.get_data(cache=False))
 
 
-async def _tokenize(state: ServerState, gen: Generation, where: str) -> None:
-    """The prompt's ids, checked against the context before admission (and any header)."""
-    if state.encode is not None:  # off the event loop: a prompt may be megabytes of text
-        gen.prompt_ids = tuple(await trio.to_thread.run_sync(state.encode, gen))
-        if len(gen.prompt_ids) > state.n_ctx:
-            raise openai_errors.context_length_exceeded(len(gen.prompt_ids), state.n_ctx, where)
-
-
-async def _parse(state: ServerState, kind: str) -> Generation:
-    body = await _body(state)
-    if kind == "chat":
-        gen = parse_chat(body, state.render, state.n_ctx, state.n_slots)
-    else:
-        gen = parse_completion(body, state.n_ctx, state.n_slots)
-    await _tokenize(state, gen, "messages" if kind == "chat" else "prompt")
-    return gen
-
-
-async def _generate(kind: str) -> Response:
-    state, endpoint = server_state(), ENDPOINTS[kind]
+async def generate() -> Response:
+    """Every generation endpoint (``PARSERS``): parse, tokenize and admit, then the answer."""
+    state, endpoint = server_state(), request.url_rule.rule
     try:
-        gen = await _parse(state, kind)
-        lease = await completion.admit(state, gen)
+        served = PARSERS[endpoint](await _body(state), state)
+        gen = serving.generation_of(served)
+        await serving.tokenize(state, gen)
+        lease = await serving.admit(state, gen)
     except ApiError as e:
-        state.metrics.requests.inc(endpoint=endpoint, status=str(e.status))
+        serving.count(state, endpoint, e.status, None)
         return error_response(e)
     headers = {QUEUE_WAIT_HEADER: str(int(lease.waited * 1000))}
     if gen.stream:
-        return Response(
-            completion.answer_sse(state, gen, lease, endpoint),
-            mimetype=openai_responses.SSE_MIMETYPE,
-            headers={**headers, **openai_responses.SSE_HEADERS},
-        )
+        return Response(serving.answer_sse(state, served, lease), mimetype=SSE_MIMETYPE,
+                        headers={**headers, **SSE_HEADERS})
     try:
-        result = await completion.answer_json(state, gen, lease)
+        return json_response(await serving.answer_json(state, served, lease), headers=headers)
     except ApiError as e:
-        state.metrics.requests.inc(endpoint=endpoint, status=str(e.status))
         return error_response(e)
-    state.metrics.requests.inc(endpoint=endpoint, status="200")
-    return json_response(result, headers=headers)
 
 
-@blueprint.post("/v1/responses")
-async def responses() -> Response:
-    """OpenAI's Responses API, translated onto the chat path (``responses_api``)."""
-    state, endpoint = server_state(), ENDPOINTS["responses"]
-    try:
-        req = responses_api.parse(await _body(state), state.render, state.n_ctx, state.n_slots)
-        await _tokenize(state, req.gen, "input")
-        lease = await completion.admit(state, req.gen)
-    except ApiError as e:
-        state.metrics.requests.inc(endpoint=endpoint, status=str(e.status))
-        return error_response(e)
-    headers = {QUEUE_WAIT_HEADER: str(int(lease.waited * 1000))}
-    if req.gen.stream:
-        return Response(
-            responses_api.answer_sse(state, req, lease, endpoint),
-            mimetype=openai_responses.SSE_MIMETYPE,
-            headers={**headers, **openai_responses.SSE_HEADERS},
-        )
-    try:
-        result = await responses_api.answer_json(state, req, lease)
-    except ApiError as e:
-        state.metrics.requests.inc(endpoint=endpoint, status=str(e.status))
-        return error_response(e)
-    state.metrics.requests.inc(endpoint=endpoint, status="200")
-    return json_response(result, headers=headers)
+for _path in PARSERS:
+    blueprint.add_url_rule(_path, view_func=generate, methods=["POST"])
 
 
 # ----------------------------------------------------------------------------- the web page

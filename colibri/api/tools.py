@@ -1,25 +1,24 @@
 """``tools`` and ``tool_choice`` -> what the prompt offers, the grammar, and the answer's tool calls.
 
-Two styles, chosen per request (``ToolPlan.style``):
+OpenAI's side of tool calls: the validation, the history, the calls' ids. How a call is written
+(markers or the envelope), worded in the prompt, held by a grammar and read back is
+``colibri.model.tool_format``'s, shared with the Channel session. Two styles, chosen per request
+(``ToolPlan.style``):
 
 - **template**: the model's chat template takes ``tools`` (as transformers passes them) and writes
-  Hermes/Qwen markers, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. The tools go
-  to the template, the history goes through as HF templates expect it (``tool_calls`` with the
-  arguments as objects, ``tool`` messages), the output is not constrained and the markers are
-  parsed back. This is for ``tool_choice: "auto"`` only. With ``"required"`` or a named function
-  the answer must be a call, which only a grammar can promise, and in those vocabularies the
-  markers are added tokens (kept whole, not text a literal in a grammar can match): such a request
-  falls back to the generic style, tools and history alike, so the prompt and the grammar agree.
-- **generic** (any other template, e.g. the default model's), after llama.cpp's server: a system
-  message lists the tools (name, description, JSON schema of the arguments) and the answer is
-  constrained to one JSON object, the *envelope*, either a call, ``{"tool_calls": [{"name": N,
-  "arguments": {...}}, ...]}`` (``parallel_tool_calls: true``; one or more) or ``{"tool_call":
-  {"name": N, "arguments": {...}}}`` (exactly one: the default, as in llama.cpp's server, whose
-  default follows the template's own parallel support, which a template without tools lacks; left
-  free, a small model repeats the same call until ``max_tokens`` cuts it), or a plain answer,
-  ``{"response": "..."}``. ``"auto"`` allows both, ``"required"`` only calls, a named function
-  only calls of it. History is re-expressed in it: an assistant's calls become its envelope, a
-  ``tool`` message a user message ``{"tool_response": {"name", "tool_call_id", "content"}}``.
+  the markers. The tools go to the template, the history goes through as HF templates expect it
+  (``tool_calls`` with the arguments as objects, ``tool`` messages), the output is not constrained
+  and the markers are parsed back. This is for ``tool_choice: "auto"`` only. With ``"required"``
+  or a named function the answer must be a call, which only a grammar can promise, and in those
+  vocabularies the markers are added tokens (kept whole, not text a literal in a grammar can
+  match): such a request falls back to the generic style, tools and history alike, so the prompt
+  and the grammar agree.
+- **generic** (any other template, e.g. the default model's): a system message lists the tools and
+  the answer is constrained to the envelope: ``"auto"`` allows calls and a reply, ``"required"``
+  only calls, a named function only calls of it; ``parallel_tool_calls: true`` allows several
+  calls in one answer (the default is one, as in llama.cpp's server for a template without tool
+  support). History is re-expressed in it: an assistant's calls become its envelope, a ``tool``
+  message a user message ``{"tool_response": {"name", "tool_call_id", "content"}}``.
 
 ``tool_choice: "none"`` offers no tools (the request is then a plain chat).
 """
@@ -28,19 +27,19 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from colibri.api.openai_errors import bad, shown
-from colibri.api.structured import checked, json_grammar
+from colibri.api.shaping import new_id
+from colibri.api.structured import checked
+from colibri.model.tool_format import Call, ToolSet, envelope, tool_response
 
 # OpenAI's rule for a function's name: also keeps a name from holding markup.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _TOOL_KEYS = {"type", "function"}
 _FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
-NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
-_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -56,6 +55,18 @@ class ToolPlan:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(t["function"]["name"] for t in self.tools)
+
+    @cached_property
+    def format(self) -> ToolSet:
+        """The tools in ``tool_format``'s terms: how they are worded, held and read back."""
+        return ToolSet(tuple(t["function"] for t in self.tools), self.choice != "auto", self.forced,
+                       self.parallel)
+
+    @cached_property
+    def grammar(self) -> str | None:
+        """The answer's grammar: the envelope in generic style; None in template style (the model
+        writes its own markers, unconstrained)."""
+        return self.format.envelope_grammar() if self.style == "generic" else None
 
     @property
     def template_tools(self) -> list[dict[str, Any]] | None:
@@ -120,82 +131,21 @@ def parse_tools(body: dict, template: bool = False) -> ToolPlan | None:
         return None
     style = "template" if template and choice == "auto" else "generic"
     plan = ToolPlan(tuple(tools), choice, forced, parallel is True, style)
-    grammar = tool_grammar(plan)
-    if grammar is not None:
-        checked(grammar, "tools")
+    if plan.grammar is not None:
+        checked(plan.grammar, "tools")
     return plan
 
 
 # ----------------------------------------------------------------------------- the grammar
 
 
-def _rebased(schema: Any, base: str) -> Any:
-    """``schema`` with its local ``$ref``s (``#/...``) pointing into ``base``, where it now lives."""
-    if isinstance(schema, dict):
-        return {k: (base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#")
-                    else _rebased(v, base)) for k, v in schema.items()}
-    if isinstance(schema, list):
-        return [_rebased(v, base) for v in schema]
-    return schema
-
-
-def envelope_schema(plan: ToolPlan) -> dict[str, Any]:
-    """The JSON schema of the generic style's answer (module docstring)."""
-    defs, calls = {}, []
-    for i, tool in enumerate(plan.tools):
-        fn = tool["function"]
-        if plan.forced is not None and fn["name"] != plan.forced:
-            continue
-        defs[f"tool_{i}"] = _rebased(fn.get("parameters") or NO_PARAMETERS, f"#/$defs/tool_{i}")
-        calls.append({
-            "type": "object",
-            "properties": {"name": {"const": fn["name"]}, "arguments": {"$ref": f"#/$defs/tool_{i}"}},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })
-    call = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    key, value = ("tool_calls", {"type": "array", "items": call, "minItems": 1}) if plan.parallel \
-        else ("tool_call", call)
-    envelope = {"type": "object", "properties": {key: value}, "required": [key],
-                "additionalProperties": False}
-    if plan.choice == "auto":
-        response = {"type": "object", "properties": {"response": {"type": "string"}},
-                    "required": ["response"], "additionalProperties": False}
-        envelope = {"anyOf": [envelope, response]}
-    return {**envelope, "$defs": defs}
-
-
 def tool_grammar(plan: ToolPlan | None) -> str | None:
     """The grammar of the answer (``structured.py``'s contract): the generic envelope; None in
     template style (the model writes its own markers) or without tools."""
-    if plan is None or plan.style == "template":
-        return None
-    return json_grammar(envelope_schema(plan))
+    return None if plan is None else plan.grammar
 
 
 # ----------------------------------------------------------------------------- the prompt
-
-
-def system_prompt(plan: ToolPlan) -> str:
-    """The generic style's instructions: the tools and the envelope, in words and examples."""
-    listed = [{k: v for k, v in t["function"].items() if k != "strict"} for t in plan.tools]
-    call = '{"name": "<tool name>", "arguments": {<its arguments>}}'
-    calls = f'{{"tool_calls": [{call}, ...]}}' if plan.parallel else f'{{"tool_call": {call}}}'
-    lines = ["You can call these tools (each with the JSON schema of its arguments):",
-             json.dumps(listed, ensure_ascii=False), "",
-             "Answer with one JSON object and nothing else."]
-    if plan.choice == "auto":
-        lines += [f"To call tools: {calls}", 'To answer the user directly: {"response": "<your answer>"}']
-    elif plan.forced is not None:
-        lines += [f"You must call the tool {plan.forced!r}: {calls}"]
-    else:
-        lines += [f"You must call one of the tools: {calls}"]
-    lines += ['Tool results come back as {"tool_response": {"name": ..., "tool_call_id": ..., '
-              '"content": ...}}.']
-    if plan.choice == "auto":
-        lines += ["Once the tool results answer the question, use them in your answer to the user "
-                  "instead of calling the tool again."]
-    return "\n".join(lines)
 
 
 def _call(i: int, j: int, call: Any) -> dict[str, Any]:
@@ -238,19 +188,16 @@ def history_message(i: int, message: dict, role: str, content: str) -> dict[str,
 
 def _as_generic(message: dict[str, Any], plan: ToolPlan | None, names: dict[str, str]) -> dict[str, str]:
     if message["role"] == "tool":
-        response = {"tool_call_id": message["tool_call_id"], "content": message["content"]}
-        name = message.get("name") or names.get(message["tool_call_id"])
-        response = {"name": name, **response} if name else response
-        return {"role": "user", "content": json.dumps({"tool_response": response}, ensure_ascii=False)}
+        call_id = message["tool_call_id"]
+        name = message.get("name") or names.get(call_id)
+        return {"role": "user", "content": tool_response(name, call_id, message["content"])}
     calls = message.get("tool_calls")
     if not calls:
         return message
-    items = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls]
-    for c in calls:
-        names[c["id"]] = c["function"]["name"]
-    single = plan is not None and not plan.parallel and len(items) == 1
-    envelope = {"tool_call": items[0]} if single else {"tool_calls": items}
-    return {"role": "assistant", "content": json.dumps(envelope, ensure_ascii=False)}
+    names.update((c["id"], c["function"]["name"]) for c in calls)
+    single = plan is not None and not plan.parallel
+    return {"role": "assistant", "content": envelope(
+        [(c["function"]["name"], c["function"]["arguments"]) for c in calls], single)}
 
 
 def prompt_messages(
@@ -265,55 +212,18 @@ def prompt_messages(
     out = [_as_generic(m, plan, names) for m in messages]
     if plan is None:
         return out
+    instructions = plan.format.envelope_instructions()
     if out and out[0]["role"] == "system":
-        return [{"role": "system", "content": f"{out[0]['content']}\n\n{system_prompt(plan)}"}, *out[1:]]
-    return [{"role": "system", "content": system_prompt(plan)}, *out]
+        return [{"role": "system", "content": f"{out[0]['content']}\n\n{instructions}"}, *out[1:]]
+    return [{"role": "system", "content": instructions}, *out]
 
 
 # ----------------------------------------------------------------------------- the answer
 
 
-def _openai_call(call: Any, plan: ToolPlan) -> dict[str, Any] | None:
-    """An OpenAI ``tool_calls`` item from a parsed call, or None if it is not one of the tools."""
-    if not isinstance(call, dict) or call.get("name") not in plan.names:
-        return None
-    arguments = call.get("arguments", call.get("parameters", {}))
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return {"id": f"call_{secrets.token_hex(12)}", "type": "function",
-            "function": {"name": call["name"], "arguments": arguments}}
-
-
-def _split_envelope(text: str, plan: ToolPlan) -> tuple[str | None, list[dict]]:
-    try:
-        answer = json.loads(text)
-    except json.JSONDecodeError:
-        return text, []
-    if not isinstance(answer, dict) or len(answer) != 1:
-        return text, []
-    if isinstance(answer.get("response"), str):
-        return answer["response"], []
-    items = answer.get("tool_calls") if "tool_calls" in answer else [answer.get("tool_call")]
-    calls = [_openai_call(c, plan) for c in items] if isinstance(items, list) and items else [None]
-    if any(c is None for c in calls):
-        return text, []
-    return None, calls  # type: ignore[return-value]
-
-
-def _split_markers(text: str, plan: ToolPlan) -> tuple[str | None, list[dict]]:
-    calls, kept, at = [], [], 0
-    for match in _CALL_BLOCK.finditer(text):
-        try:
-            call = _openai_call(json.loads(match.group(1)), plan)
-        except json.JSONDecodeError:
-            call = None
-        if call is not None:  # a block that is not a call stays in the content
-            calls.append(call)
-            kept.append(text[at : match.start()])
-            at = match.end()
-    if not calls:
-        return text, []
-    return ("".join(kept) + text[at:]).strip() or None, calls
+def _openai_call(call: Call) -> dict[str, Any]:
+    return {"id": new_id("call_"), "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def split_output(text: str, plan: ToolPlan | None) -> tuple[str | None, list[dict[str, Any]]]:
@@ -321,6 +231,6 @@ def split_output(text: str, plan: ToolPlan | None) -> tuple[str | None, list[dic
     the offered tools is content, whole."""
     if plan is None:
         return text, []
-    if plan.style == "template":
-        return _split_markers(text, plan)
-    return _split_envelope(text, plan)
+    fmt = plan.format
+    content, calls = fmt.read_markers(text) if plan.style == "template" else fmt.read_envelope(text)
+    return content, [_openai_call(c) for c in calls]
