@@ -22,7 +22,6 @@ from colibri.io.events import (
     Data,
     Done,
     Error,
-    ErrorCode,
     ExpertMap,
     Hits,
     HwInfo,
@@ -231,9 +230,6 @@ class EngineClient:
             flight.ended.set()
         self._flights.clear()
 
-    async def wait_ready(self) -> None:
-        await self._ready_event.wait()
-
     async def _write(self, data: bytes) -> None:
         if self._proc is None or not self.ready:
             raise EngineDied(self.reason)
@@ -297,14 +293,6 @@ class EngineClient:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             await self._proc.wait()
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._flights)
-
-
-def is_cancelled(event: object) -> bool:
-    return isinstance(event, Error) and event.code == ErrorCode.CANCELLED
 
 
 async def _relay_stderr(stream: trio.abc.ReceiveStream, last: list[str]) -> None:
