@@ -9,7 +9,8 @@ Escape end a long generation and the server's slot is free again (/health); the 
 the model; the expert map draws and changes after a turn (MoE), the dense model says it has none;
 hostile model output (a faked SSE answer) stays text; the page talks only to its own server; no
 horizontal overflow on a 390 px phone; the Atlas view; screenshots into docs/screenshots/ (or
-COLI_SCREENSHOT_DIR). A server with an API key: tests/test_web_console_key.py.
+COLI_SCREENSHOT_DIR); the SSE reader module alone. A server with an API key:
+tests/test_web_console_key.py.
 
 Skipped, all of it, only when /usr/bin/chromium is missing (the reason the Makefile's set-up step
 gave is printed).
@@ -271,6 +272,35 @@ def test_stop_ends_a_long_generation_and_frees_the_slot(page, console, how):
     stopped = last_reply(pg).evaluate(REPLY_TEXT)
     assert stopped, "the stopped answer lost its text"
     expect(pg.locator("#send")).to_be_enabled()
+
+
+# The console's SSE reader (colibri/api/web/sse.js), imported alone in the page: a stream cut at
+# awkward places, CRLF line ends, a line that is not JSON, an error chunk, the closing [DONE].
+READ_SSE = r"""async () => {
+    const { chatChunks } = await import('/sse.js');
+    const parts = [
+        'data: {"choices":[{"delta":{"content":"Hel"}}]}\r\n\r\ndata: {"choi',
+        'ces":[{"delta":{"content":"lo"},"finish_reason":"stop"}]}\n',
+        '\ndata: not json\n\n: a comment\n\ndata: {"error":{"message":"boom"}}\n\ndata: [DONE]\n\n',
+    ];
+    const enc = new TextEncoder();
+    const body = new ReadableStream({
+        start(c) { parts.forEach((p) => c.enqueue(enc.encode(p))); c.close(); },
+    });
+    const out = [];
+    for await (const chunk of chatChunks(body)) out.push(chunk);
+    return out;
+}"""
+
+
+def test_the_sse_reader_stands_alone(page, console):
+    """sse.js needs no DOM and no page state: a module of its own, testable by itself."""
+    pg, _seen = page
+    load(pg, console)
+    got = pg.evaluate(READ_SSE)
+    assert [c.get("piece") for c in got] == ["Hel", "lo", None], got
+    assert got[1]["finish"] == "stop" and got[0]["finish"] is None, got
+    assert got[2] == {"error": "boom"}, got
 
 
 # ------------------------------------------------------------------------------------ runtime
