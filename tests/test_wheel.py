@@ -37,8 +37,8 @@ WEB = PACKAGE / "api" / "web"
 DIST = "colibri-llm"  # `colibri` on PyPI is an unrelated AMQP client
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 INSTALL_TIMEOUT = 900.0  # the dependencies come from pip's cache once `make install` has run
-# A fresh install's paths are new to numba: the first request compiles the kernels (2.5 min seen on
-# a loaded 2-core machine), so both limits are hang guards, not expectations.
+# A fresh install's paths are new to numba: the first request compiles the kernels (2.5 to 4.5 min seen
+# on a 2-core machine loaded by other work), so both limits are hang guards, not expectations.
 START_TIMEOUT = 300.0
 CHAT_TIMEOUT = 600.0
 STOP_TIMEOUT = 60.0
