@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from colibri.cli import main
-from colibri.store.formats import GGMLType, dequantize
+from colibri.store.blocks import dequantize
+from colibri.store.formats import GGMLType
 from colibri.store.gguf import GGUFFile
 
 TINY = Path(__file__).parent / "data" / "tiny_hf"

@@ -7,8 +7,8 @@ import gguf
 import numpy as np
 import pytest
 
-from colibri.store.blocks import dequantize_row
-from colibri.store.formats import FORMATS, SUPPORTED, GGMLType, Kind, computed_format, dequantize, quantize
+from colibri.store.blocks import dequantize, dequantize_row
+from colibri.store.formats import FORMATS, SUPPORTED, GGMLType, Kind, computed_format, quantize
 from colibri.store.packed import make_weight, packed_nbytes
 
 UNSUPPORTED = [t for t in GGMLType if t not in SUPPORTED]

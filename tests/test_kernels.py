@@ -15,8 +15,8 @@ from colibri.model.kernels.attention import attend, store_kv
 from colibri.model.kernels.int8_matmul import LEVELS, int8_matmul, quantize_rows
 from colibri.model.kernels.ops import add_into, exp_into, rmsnorm, rope, rope_frequencies, swiglu
 from colibri.model.kernels.quant_matmul import qmatmul
-from colibri.store.blocks import IN_PLACE, dequantize_row
-from colibri.store.formats import BLOCK_GEOMETRY, SUPPORTED, GGMLType, dequantize, quantize
+from colibri.store.blocks import IN_PLACE, dequantize, dequantize_row
+from colibri.store.formats import BLOCK_GEOMETRY, SUPPORTED, GGMLType, quantize
 from colibri.store.packed import (
     KIND_F32,
     KIND_Q4,

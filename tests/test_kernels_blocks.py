@@ -13,9 +13,10 @@ from ggml_harness import llama_matmul
 from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_matmul, rounded_activations
 
 from colibri.model.kernels.quant_matmul import qmatmul
-from colibri.store.blocks import IN_PLACE, dequantize_row
-from colibri.store.formats import BLOCK, FORMATS, GGMLType, dequantize
-from colibri.store.lanes import FIVE_BIT, FOUR_BIT, SUPER_BLOCK, lane_row, lane_row16
+from colibri.store.blocks import IN_PLACE, dequantize, dequantize_row
+from colibri.store.formats import BLOCK, FORMATS, GGMLType
+from colibri.store.lanes import FIVE_BIT, FOUR_BIT, lane_row, lane_row16
+from colibri.store.numerics import QK_K
 from colibri.store.packed import (
     GROUP,
     KIND_BLOCKS,
@@ -254,8 +255,8 @@ def test_k_quant_lanes_keep_the_files_scales_and_compute_the_same_bits(types: tu
     parts = [(random_rows(rng, 20 + 13 * i, k, t)[0], int(t)) for i, t in enumerate(types)]
     weight = make_weight(parts, k)
     per = k // weight.q.shape[1]  # values per block: 16 with Q6_K in the stack
-    ratio = SUPER_BLOCK // per
-    assert weight.sd.shape == (weight.q.shape[0], k // per, GROUP) and weight.d.shape[1] == k // SUPER_BLOCK
+    ratio = QK_K // per
+    assert weight.sd.shape == (weight.q.shape[0], k // per, GROUP) and weight.d.shape[1] == k // QK_K
     assert (weight.sm.size == 0) == (types == (GGMLType.Q6_K,))  # Q6_K alone: its offset is derived
     assert packed_nbytes([(p.shape[0], t) for p, t in parts], k) == weight_nbytes(weight)
     d_full = np.repeat(weight.d, ratio, axis=1) * weight.sd.astype(np.float32)
@@ -286,5 +287,5 @@ def test_k_quant_lanes_keep_the_files_scales_and_compute_the_same_bits(types: tu
         assert np.array_equal(ours, wide)
     # the bytes: a block's quants, an int8 d (and m) per block, a float32 per super-block
     n_scales = 1 if weight.m.size == 0 else 2
-    per_row = (k // per) * (weight.q.shape[2] * 4 + n_scales) + n_scales * 4 * (k // SUPER_BLOCK)
+    per_row = (k // per) * (weight.q.shape[2] * 4 + n_scales) + n_scales * 4 * (k // QK_K)
     assert weight_nbytes(weight) == weight.q.shape[0] * GROUP * per_row

@@ -1,5 +1,6 @@
 """The formats computed on in place: decoders of one raw GGUF row into float32, per block format
-(``decode_row``), and ``dequantize_row`` for every format the kernels read.
+(``decode_row``), ``dequantize_row`` for every format the kernels read, and ``dequantize``, the
+reference every format's kernels and packings are tested against.
 
 Q5_0/Q5_1, the K-quants (Q2_K … Q6_K, 256-value super-blocks of 16- or 32-value sub-blocks with
 their own 4- to 8-bit scales) and the IQ4 grids do not fit the packed layout's ``d * q + m`` per
@@ -9,7 +10,7 @@ at a time into a small float32 tile (``colibri.model.kernels.quant_matmul``). Th
 llama.cpp's ``ggml-common.h``; the arithmetic follows its ``dequantize_row_*`` so values agree with
 the file's reference dequantizer to float32 rounding.
 
-numba has no float16 on the CPU: halves are read through a table (``half``).
+Halves are widened by ``halves.half``; the geometry and the compile options are ``numerics``'.
 """
 
 from __future__ import annotations
@@ -17,19 +18,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from colibri.store.formats import BLOCK, FORMATS, GGMLType
+from colibri.store.formats import FORMATS, GGMLType, Kind
+from colibri.store.halves import half
+from colibri.store.numerics import BLOCK, KERNEL, QK_K
 
-# numba options for every kernel on quantized data. fastmath without 'reassoc': no loop here needs
-# reassociation (the lanes are independent), and without it a row's result is bitwise the same
-# whether it is computed alone or in a batch.
-JIT_OPTIONS = dict(nogil=True, cache=True, fastmath={"nnan", "ninf", "nsz", "arcp", "contract", "afn"})
-
-# IEEE half -> float32 for every bit pattern: numba has no float16 on the CPU, and a 256 KB table
-# lookup is cheaper than decoding exponent and mantissa by hand.
-F16_TABLE = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-
-# Values per K-quant super-block (ggml's QK_K).
-QK_K = 256
 # The non-linear 4-bit grid of IQ4_NL and IQ4_XS (ggml-common.h's kvalues_iq4nl).
 IQ4_GRID = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 
@@ -55,19 +47,13 @@ Q8_0_QUANTS_AT = FORMATS[GGMLType.Q8_0].pack.quants_at
 NIBBLE_BYTES = BLOCK // 2  # a Q4_0/Q4_1 block's quant bytes, two nibbles each
 
 
-@nb.njit(inline="always", **JIT_OPTIONS)
-def half(lo: np.uint8, hi: np.uint8) -> np.float32:
-    """The IEEE half whose little-endian bytes are (lo, hi), as float32."""
-    return F16_TABLE[np.int64(lo) | (np.int64(hi) << 8)]
-
-
-@nb.njit(inline="always", **JIT_OPTIONS)
+@nb.njit(inline="always", **KERNEL)
 def _u32(w: np.ndarray, at: int) -> np.int64:
     return (np.int64(w[at]) | (np.int64(w[at + 1]) << 8) | (np.int64(w[at + 2]) << 16)
             | (np.int64(w[at + 3]) << 24))
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _q5(w: np.ndarray, out: np.ndarray, size: int, with_min: bool) -> None:
     """Q5_0 (``d * (q - 16)``) and Q5_1 (``d * q + m``): 4 low bits in qs, the fifth in qh."""
     for b in range(out.shape[0] // BLOCK):
@@ -86,7 +72,7 @@ def _q5(w: np.ndarray, out: np.ndarray, size: int, with_min: bool) -> None:
             out[b * BLOCK + j + 16] = x1 * d + m
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _q2_k(w: np.ndarray, out: np.ndarray) -> None:
     """scales[16] (4-bit scale, 4-bit min), qs[64] (2 bits), d, dmin."""
     for b in range(out.shape[0] // QK_K):
@@ -105,7 +91,7 @@ def _q2_k(w: np.ndarray, out: np.ndarray) -> None:
                         y += 1
 
 
-@nb.njit(inline="always", **JIT_OPTIONS)
+@nb.njit(inline="always", **KERNEL)
 def _q3_k_scale(w: np.ndarray, s: int, j: int) -> np.int64:
     """Scale j (0..15) of a Q3_K block whose 12 scale bytes start at s: 6 bits, biased by 32."""
     i, group = j % 4, j // 4
@@ -115,7 +101,7 @@ def _q3_k_scale(w: np.ndarray, s: int, j: int) -> np.int64:
     return (low | (high << 4)) - 32
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _q3_k(w: np.ndarray, out: np.ndarray) -> None:
     """hmask[32] (the third bit), qs[64] (2 bits), scales[12] (16 six-bit scales), d."""
     for b in range(out.shape[0] // QK_K):
@@ -136,7 +122,7 @@ def _q3_k(w: np.ndarray, out: np.ndarray) -> None:
                 bit <<= 1
 
 
-@nb.njit(inline="always", **JIT_OPTIONS)
+@nb.njit(inline="always", **KERNEL)
 def _scale_min_k4(w: np.ndarray, s: int, j: int) -> tuple[np.int64, np.int64]:
     """Scale and min j (0..7) of a Q4_K/Q5_K block, six bits each, packed in 12 bytes at s."""
     if j < 4:
@@ -146,7 +132,7 @@ def _scale_min_k4(w: np.ndarray, s: int, j: int) -> tuple[np.int64, np.int64]:
     return sc, m
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _q45_k(w: np.ndarray, out: np.ndarray, size: int, fifth_bit: bool) -> None:
     """Q4_K: d, dmin, scales[12], qs[128]; Q5_K adds qh[32] (the fifth bit) before qs."""
     for b in range(out.shape[0] // QK_K):
@@ -170,14 +156,14 @@ def _q45_k(w: np.ndarray, out: np.ndarray, size: int, fifth_bit: bool) -> None:
                 out[y + 32 + i] = d2 * np.float32((v >> 4) + h2) - m2
 
 
-@nb.njit(inline="always", **JIT_OPTIONS)
+@nb.njit(inline="always", **KERNEL)
 def _q6_k_scale(w: np.ndarray, base: int, j: int) -> np.int64:
     """Scale j (0..15, one per 16 values) of the Q6_K block at ``base``: a signed byte."""
     s = np.int64(w[base + 192 + j])
     return s - 256 if s >= 128 else s
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _q6_k(w: np.ndarray, out: np.ndarray) -> None:
     """ql[128] (low 4 bits), qh[64] (high 2 bits), scales int8[16], d."""
     for b in range(out.shape[0] // QK_K):
@@ -194,7 +180,7 @@ def _q6_k(w: np.ndarray, out: np.ndarray) -> None:
                     out[y + i + 32 * k] = d * np.float32(s) * np.float32(qv[k] - 32)
 
 
-@nb.njit(inline="always", **JIT_OPTIONS)
+@nb.njit(inline="always", **KERNEL)
 def iq4_sub_block(w: np.ndarray, base: int, ib: int, d: np.float32, xs: bool) -> tuple[np.float32, int]:
     """(scale, byte offset of the quants) of 32-value sub-block ``ib`` of the IQ4 block at ``base``:
     IQ4_NL's is the block's d; IQ4_XS scales each by a six-bit ``ls - 32``."""
@@ -206,7 +192,7 @@ def iq4_sub_block(w: np.ndarray, base: int, ib: int, d: np.float32, xs: bool) ->
     return d * np.float32(ls - 32), base + 8 + 16 * ib
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _iq4(w: np.ndarray, out: np.ndarray, xs: bool) -> None:
     """IQ4_NL: d, qs[16] per 32 values on the grid; IQ4_XS: d, scales_h, scales_l[4], qs[128] per 256,
     a six-bit scale per 32 values."""
@@ -224,33 +210,27 @@ def _iq4(w: np.ndarray, out: np.ndarray, xs: bool) -> None:
                 out[y + j + 16] = dl * IQ4_GRID[v >> 4]
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def decode_row(w: np.ndarray, gtype: int, out: np.ndarray) -> bool:
     """Decode one raw row ``w`` of an in-place format into ``out``; False for any other type."""
-    if gtype == T_Q5_0:
-        _q5(w, out, Q5_0_SIZE, False)
-    elif gtype == T_Q5_1:
-        _q5(w, out, Q5_1_SIZE, True)
+    if gtype == T_Q5_0 or gtype == T_Q5_1:
+        _q5(w, out, Q5_1_SIZE if gtype == T_Q5_1 else Q5_0_SIZE, gtype == T_Q5_1)
+    elif gtype == T_Q4_K or gtype == T_Q5_K:
+        _q45_k(w, out, Q5_K_SIZE if gtype == T_Q5_K else Q4_K_SIZE, gtype == T_Q5_K)
+    elif gtype == T_IQ4_NL or gtype == T_IQ4_XS:
+        _iq4(w, out, gtype == T_IQ4_XS)
     elif gtype == T_Q2_K:
         _q2_k(w, out)
     elif gtype == T_Q3_K:
         _q3_k(w, out)
-    elif gtype == T_Q4_K:
-        _q45_k(w, out, Q4_K_SIZE, False)
-    elif gtype == T_Q5_K:
-        _q45_k(w, out, Q5_K_SIZE, True)
     elif gtype == T_Q6_K:
         _q6_k(w, out)
-    elif gtype == T_IQ4_NL:
-        _iq4(w, out, False)
-    elif gtype == T_IQ4_XS:
-        _iq4(w, out, True)
     else:
         return False
     return True
 
 
-@nb.njit(inline="always", **JIT_OPTIONS)
+@nb.njit(inline="always", **KERNEL)
 def nibbles(byte: np.uint8) -> tuple[np.float32, np.float32]:
     """(low, high) nibble of a byte as float32. Split in float arithmetic on purpose: numba
     widens integer ``&`` and ``>>`` to int64, which halves the SIMD lanes (2.5x slower here)."""
@@ -259,7 +239,7 @@ def nibbles(byte: np.uint8) -> tuple[np.float32, np.float32]:
     return v - np.float32(16.0) * hi, hi
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def dequantize_row(w: np.ndarray, gtype: int, out: np.ndarray) -> None:
     """Expand one raw GGUF row ``w`` into ``out`` (float32, the row's length): embeddings, norms,
     routers and float-widened matrices. A type with no branch here raises."""
@@ -293,9 +273,17 @@ def dequantize_row(w: np.ndarray, gtype: int, out: np.ndarray) -> None:
         raise ValueError("dequantize_row: a block type the kernels do not compute on")
 
 
-def dequantize_blocks(blocks: np.ndarray, gtype: GGMLType) -> np.ndarray:
-    """The table's reference dequantizer for these formats: raw blocks [n, bytes] -> float32."""
-    fmt = FORMATS[gtype]
-    out = np.empty(blocks.shape[0] * fmt.block, np.float32)
-    decode_row(np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1), int(gtype), out)
-    return out
+def dequantize(raw: np.ndarray, gtype: GGMLType, n_elements: int) -> np.ndarray:
+    """Reference dequantization of ``n_elements`` values from the bytes ``raw`` to float32: the
+    table's numpy dequantizer, or for a format computed on in place the decoder here, which is its
+    definition."""
+    fmt = FORMATS.get(gtype)
+    if fmt is None or (fmt.dequantize is None and fmt.kind != Kind.BLOCKS):
+        raise ValueError(f"no dequantizer for {GGMLType(gtype).name}")
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    blocks = raw[: n_elements // fmt.block * fmt.nbytes].reshape(-1, fmt.nbytes)
+    if fmt.dequantize is None:
+        out = np.empty(blocks.shape[0] * fmt.block, np.float32)
+        decode_row(blocks.reshape(-1), int(gtype), out)
+        return out[:n_elements].copy()
+    return np.ascontiguousarray(fmt.dequantize(blocks).reshape(-1)[:n_elements], dtype=np.float32).copy()

@@ -35,6 +35,7 @@ import numpy as np
 
 from colibri.store.arena import Arena
 from colibri.store.gguf import GGUFError, GGUFFile
+from colibri.store.numerics import KERNEL
 from colibri.store.packed import (
     GROUP,
     KIND_BLOCKS,
@@ -127,7 +128,7 @@ class StoreCounters(NamedTuple):
     t_compute: float  # seconds applying experts (a resident layer: its whole compiled FFN)
 
 
-@nb.njit(nogil=True, cache=True)
+@nb.njit(**KERNEL)
 def note_routing(heat: np.ndarray, hits: np.ndarray, expert_ids: np.ndarray, decay: np.float32) -> None:
     """A layer's heat decayed a step, its routed experts' heat +1 and their HITS bits set: one
     compiled call a layer, where three NumPy operations on 64 values took ~22 us."""

@@ -3,7 +3,9 @@
 
 The packed layout (``colibri.store.packed``) and the kernels (``colibri.model.kernels``) compute on
 these blocks; the functions here are the slow, obviously-correct definition their tests compare
-against, and what ``coli convert`` writes with.
+against, and what ``coli convert`` writes with. A format computed on in place has no numpy
+dequantizer: the kernels' decoder is its definition, and ``blocks.dequantize`` dequantizes every
+format. The geometry ggml fixes (``BLOCK``, ``QK_K``) is ``numerics``'.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from colibri.store.numerics import BLOCK, QK_K
 from colibri.store.quantize_k import (
     quantize_q4_0,
     quantize_q4_1,
@@ -60,12 +63,6 @@ class GGMLType(enum.IntEnum):
     BF16 = 30
     TQ1_0 = 34
     TQ2_0 = 35
-
-
-# Elements per block of the 32-element formats (Q4_0, Q4_1, Q8_0 …): the unit one scale covers.
-BLOCK = 32
-# Elements per super-block of the K-quants and IQ formats (ggml's QK_K).
-QK_K = 256
 
 
 class Kind(enum.IntEnum):
@@ -178,7 +175,7 @@ FORMATS: dict[GGMLType, BlockFormat] = _table(
     BlockFormat(GGMLType.Q8_0, BLOCK, 34, Kind.Q8,
                 PackLayout(quants_at=2, min_at=-1, offset_scale=-128.0, flip=0x80),
                 _dequantize_q8_0, quantize_q8_0),
-    # Computed on in place (Kind.BLOCKS): their reference dequantizer is the kernels' decoder.
+    # Computed on in place (Kind.BLOCKS): their reference dequantizer is the kernels' decoder (``blocks``).
     BlockFormat(GGMLType.Q5_0, BLOCK, 22, Kind.BLOCKS, quantize=quantize_q5_0),
     BlockFormat(GGMLType.Q5_1, BLOCK, 24, Kind.BLOCKS, quantize=quantize_q5_1),
     BlockFormat(GGMLType.Q2_K, QK_K, 84, Kind.BLOCKS),
@@ -229,20 +226,6 @@ def row_nbytes(gtype: GGMLType, n_elements: int) -> int:
     if n_elements % per_block:
         raise ValueError(f"{gtype.name} rows must be a multiple of {per_block} values")
     return n_elements // per_block * block_bytes
-
-
-def dequantize(raw: np.ndarray, gtype: GGMLType, n_elements: int) -> np.ndarray:
-    """Reference dequantization of ``n_elements`` values from the bytes ``raw`` to float32."""
-    fmt = FORMATS.get(gtype)
-    if fmt is None or (fmt.dequantize is None and fmt.kind != Kind.BLOCKS):
-        raise ValueError(f"no dequantizer for {GGMLType(gtype).name}")
-    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
-    blocks = raw[: n_elements // fmt.block * fmt.nbytes].reshape(-1, fmt.nbytes)
-    if fmt.dequantize is None:  # computed on in place: the kernels' own decoder is the definition
-        from colibri.store.blocks import dequantize_blocks  # it imports this module
-
-        return dequantize_blocks(blocks, fmt.gtype)[:n_elements].copy()
-    return np.ascontiguousarray(fmt.dequantize(blocks).reshape(-1)[:n_elements], dtype=np.float32).copy()
 
 
 def quantize(values: np.ndarray, gtype: GGMLType) -> np.ndarray:

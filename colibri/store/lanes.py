@@ -24,7 +24,6 @@ import numpy as np
 from colibri.store.blocks import (
     IQ4_NL_SIZE,
     IQ4_XS_SIZE,
-    JIT_OPTIONS,
     Q2_K_SIZE,
     Q3_K_SIZE,
     Q4_K_SIZE,
@@ -32,7 +31,6 @@ from colibri.store.blocks import (
     Q5_1_SIZE,
     Q5_K_SIZE,
     Q6_K_SIZE,
-    QK_K,
     T_IQ4_NL,
     T_IQ4_XS,
     T_Q2_K,
@@ -46,10 +44,11 @@ from colibri.store.blocks import (
     _q6_k_scale,
     _scale_min_k4,
     _u32,
-    half,
     iq4_sub_block,
 )
-from colibri.store.formats import BLOCK, FORMATS, GGMLType
+from colibri.store.formats import FORMATS, GGMLType
+from colibri.store.halves import half
+from colibri.store.numerics import BLOCK, KERNEL, QK_K
 
 T_Q4_0, T_Q4_1, T_Q8_0 = int(GGMLType.Q4_0), int(GGMLType.Q4_1), int(GGMLType.Q8_0)
 Q4_0_SIZE, Q4_1_SIZE, Q8_0_SIZE = (FORMATS[GGMLType(t)].nbytes for t in (T_Q4_0, T_Q4_1, T_Q8_0))
@@ -67,11 +66,9 @@ FOUR_BIT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K})
 FIVE_BIT = frozenset({GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K})
 # Values per block of a 16-value packing.
 HALF_BLOCK = BLOCK // 2
-# Values per K-quant super-block: one half d (and dmin) each, an integer per block times it.
-SUPER_BLOCK = QK_K
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _legacy(w: np.ndarray, gtype: int, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
     """Q4_0, Q4_1, Q8_0, Q5_0, Q5_1: one scale (and min) per 32 values."""
     for b in range(d.shape[0]):
@@ -108,7 +105,7 @@ def _legacy(w: np.ndarray, gtype: int, q: np.ndarray, d: np.ndarray, m: np.ndarr
             m[b] = np.float32(-128.0 if shift else -8.0) * d[b]
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _q45_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray, size: int, fifth_bit: bool) -> None:
     for b in range(q.shape[0] // QK_K):
         base = b * size
@@ -127,7 +124,7 @@ def _q45_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray, size: int
                     q[sub * BLOCK + i] = v
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _iq4(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray, xs: bool) -> None:
     per = QK_K if xs else BLOCK
     size = IQ4_XS_SIZE if xs else IQ4_NL_SIZE
@@ -144,7 +141,7 @@ def _iq4(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray, xs: bool) -
                 q[sub * BLOCK + j + 16] = IQ4_GRID_U8[v >> 4]
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def lane_row(w: np.ndarray, gtype: int, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> bool:
     """Raw row ``w`` as quants ``q`` (uint8, one per value), and per 32 values the scale ``d`` and
     offset ``m`` (float32), value = d * q + m; False for a format that does not fit."""
@@ -159,7 +156,7 @@ def lane_row(w: np.ndarray, gtype: int, q: np.ndarray, d: np.ndarray, m: np.ndar
     return True
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _q2_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
     """Q2_K: 2-bit quants, a 4-bit scale and min per 16 values (``blocks._q2_k``'s order)."""
     for b in range(q.shape[0] // QK_K):
@@ -179,7 +176,7 @@ def _q2_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
                         y += 1
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _q3_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
     """Q3_K: value = dl * (lo - hi), hi 4 where the hmask bit is clear: q = lo - hi + 4, m = -4 dl."""
     for b in range(q.shape[0] // QK_K):
@@ -200,7 +197,7 @@ def _q3_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
                 bit <<= 1
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _q6_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
     """Q6_K: value = d * sc * (q - 32), an int8 scale per 16 values: d' = d * sc, and the quants
     shifted to Q8_0's offset (q - 32 = (q + 96) - 128, m = -128 d'), so that m is derived, not
@@ -222,7 +219,7 @@ def _q6_k(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
                 q[y + i + 96] = ((lo1 >> 4) | (((h >> 6) & 3) << 4)) + 96
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def lane_row16(w: np.ndarray, gtype: int, q: np.ndarray, d: np.ndarray, m: np.ndarray,
                d32: np.ndarray, m32: np.ndarray) -> bool:
     """``lane_row`` with a scale and offset per 16 values (``d32``/``m32``: scratch, K/32)."""
@@ -241,7 +238,7 @@ def lane_row16(w: np.ndarray, gtype: int, q: np.ndarray, d: np.ndarray, m: np.nd
     return True
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def sub_scales(w: np.ndarray, gtype: int, per: int, d_sup: np.ndarray, m_sup: np.ndarray, sd: np.ndarray,
                sm: np.ndarray) -> None:
     """Raw row ``w``'s scales as the file keeps them, for blocks of ``per`` values (32, or 16:

@@ -42,18 +42,19 @@ import numba as nb
 import numpy as np
 
 from colibri.store.arena import Arena
-from colibri.store.blocks import JIT_OPTIONS, dequantize_row, half
-from colibri.store.formats import BLOCK, FORMATS, GGMLType, Kind, computed_format, row_nbytes
+from colibri.store.blocks import dequantize_row
+from colibri.store.formats import FORMATS, GGMLType, Kind, computed_format, row_nbytes
+from colibri.store.halves import half
 from colibri.store.lanes import (
     FIVE_BIT,
     FOUR_BIT,
     LANE_TYPES,
     SIXTEEN,
-    SUPER_BLOCK,
     lane_row,
     lane_row16,
     sub_scales,
 )
+from colibri.store.numerics import BLOCK, KERNEL, QK_K
 
 # Rows interleaved by packing: the SIMD lanes of the direct path. 32, not 16 (one AVX-512
 # vector): LLVM leaves the 16-trip lane loops scalar and vectorizes the 32-trip ones.
@@ -161,7 +162,7 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True)
     n_scales = 1 if _derived_offsets(types, kind) else 2  # d, and m unless derived
     n_blocks = n_cols // values
     if _sub_scaled(types):  # a float32 per super-block and an int8 per block, each
-        scales = n_scales * (n_cols // SUPER_BLOCK * 4 + n_blocks)
+        scales = n_scales * (n_cols // QK_K * 4 + n_blocks)
     else:
         scales = n_scales * n_blocks * (2 if _half_scales(types) else 4)
     return -(-n_rows // GROUP) * GROUP * (n_blocks * per + scales)
@@ -233,7 +234,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
         # expert into fresh memory on every use); else zeros, for the last group's empty rows.
         new = arena.empty if arena is not None else np.empty if n_rows % GROUP == 0 else np.zeros
         q = new((groups, n_blocks, per // QUAD, QUAD * GROUP), np.uint8)
-        n_scales = n_cols // SUPER_BLOCK if subbed else n_blocks  # float32 scales per row
+        n_scales = n_cols // QK_K if subbed else n_blocks  # float32 scales per row
         d = _EMPTY_S if halves else new((groups, n_scales, GROUP), np.float32)
         m = _EMPTY_S if derived or halves else new((groups, n_scales, GROUP), np.float32)
         dh = new((groups, n_blocks, GROUP), np.uint16) if halves else _EMPTY_H
@@ -292,7 +293,7 @@ def blocks_weight(raw: np.ndarray, parts: list[tuple[np.ndarray, int]]) -> Weigh
                   _EMPTY_I, _EMPTY_I)
 
 
-@nb.njit(inline="always", **JIT_OPTIONS)
+@nb.njit(inline="always", **KERNEL)
 def slot(w: Weight, i: int, n_slots: int) -> Weight:
     """Matrix ``i`` of ``n_slots`` of one shape stacked end to end (the expert store's resident
     layer: every expert's copy, expert after expert): packed Q4/Q5/Q8 by groups, each matrix filling
@@ -309,7 +310,7 @@ def slot(w: Weight, i: int, n_slots: int) -> Weight:
                   w.sd[i * u : (i + 1) * u], w.sm[i * u : (i + 1) * u])
 
 
-@nb.njit(inline="always", **JIT_OPTIONS)
+@nb.njit(inline="always", **KERNEL)
 def block_row(w: Weight, r: int) -> tuple[int, int]:
     """(byte offset in ``w.raw``, block type) of row ``r`` of an in-place weight."""
     p = 0
@@ -318,7 +319,7 @@ def block_row(w: Weight, r: int) -> tuple[int, int]:
     return w.parts[p, 1] + (r - w.parts[p, 0]) * w.parts[p, 2], w.parts[p, 3]
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _pack_rows(raw: np.ndarray, size: int, quants_at: int, min_at: int, offset_scale: float,
                flip: np.uint8, row0: int, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
     """Raw GGUF rows of one quantized format (its ``PackLayout``: block ``size`` in bytes, where
@@ -340,7 +341,7 @@ def _pack_rows(raw: np.ndarray, size: int, quants_at: int, min_at: int, offset_s
                 qs[j // QUAD, QUAD * lane + j % QUAD] = row[base + quants_at + j] ^ flip
 
 
-@nb.njit(parallel=True, **JIT_OPTIONS)
+@nb.njit(parallel=True, **KERNEL)
 def _pack_words(raw: np.ndarray, size: int, quants_at: int, min_at: int, flip: np.uint32, row0: int,
                 q: np.ndarray, dh: np.ndarray, mh: np.ndarray) -> None:
     """``_pack_rows`` for a format whose packed scales are the file's halves (Q4_0, Q4_1, Q8_0):
@@ -374,7 +375,7 @@ def _pack_words(raw: np.ndarray, size: int, quants_at: int, min_at: int, flip: n
                     words[dst + r] = (np.uint32(h[at]) | (np.uint32(h[at + 1]) << np.uint32(16))) ^ flip
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarray, d: np.ndarray,
                 m: np.ndarray) -> None:
     """Raw rows of a format that fits the layout but is not its kind's own (``lanes.py``) into
@@ -409,7 +410,7 @@ def _pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarr
                     q[g, b, j // QUAD, QUAD * lane + j % QUAD] = qs[at + j]
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _pack_sub_scales(raw: np.ndarray, gtype: int, per: int, row0: int, d: np.ndarray, m: np.ndarray,
                      sd: np.ndarray, sm: np.ndarray) -> None:
     """The scales of raw rows of a SUB_SCALED format into rows ``row0..``: d and m per super-block,
@@ -433,12 +434,12 @@ def _pack_sub_scales(raw: np.ndarray, gtype: int, per: int, row0: int, d: np.nda
                 sm[g, b, lane] = sm_row[b]
 
 
-@nb.njit(inline="always", **JIT_OPTIONS)
+@nb.njit(inline="always", **KERNEL)
 def _half_bits(row: np.ndarray, at: int) -> np.uint16:
     return np.uint16(row[at]) | (np.uint16(row[at + 1]) << np.uint16(8))
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def _pack_fives(raw: np.ndarray, gtype: int, size: int, row0: int, q: np.ndarray, d: np.ndarray,
                 m: np.ndarray, dh: np.ndarray, mh: np.ndarray) -> None:
     """Raw rows of a Q5 or 4-bit format (``lanes.py``) into rows ``row0..`` of Q5 lanes

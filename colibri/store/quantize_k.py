@@ -25,12 +25,11 @@ import math
 
 import numpy as np
 
+from colibri.store.numerics import EXACT, QK_K
+
 F32 = np.float32
-QK_K = 256  # values per K-quant super-block
 GROUP_MAX_EPS = F32(1e-15)  # ggml's "all zero" threshold for a group's absolute maximum
 MAGIC = F32(12582912.0)  # 1.5 * 2**23: adding it rounds a float to an integer in the low mantissa
-# IEEE division (x / 0 is inf, as in C, not an exception); no fastmath: it would change bits.
-JIT = {"nogil": True, "cache": True, "error_model": "numpy"}
 CHUNK = 1024  # groups per parallel task of the searches
 
 
@@ -198,9 +197,9 @@ def _jit() -> None:
     g = globals()
     g["prange"] = numba.prange
     for name in _JITTED:
-        g[name] = numba.njit(**JIT)(g[name])
+        g[name] = numba.njit(**EXACT)(g[name])
     for name in _PARALLEL:
-        g[name] = numba.njit(parallel=True, **JIT)(g[name])
+        g[name] = numba.njit(parallel=True, **EXACT)(g[name])
     _compiled = True
 
 

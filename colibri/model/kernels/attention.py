@@ -1,7 +1,8 @@
 """Grouped-query attention over a slotted KV cache.
 
 The cache holds every slot's keys and values: ``k_cache[slot, layer, position, kv_head, dim]``, as
-halves (``halves``: uint16 bits, rounded when a row is stored, widened when it is read) or float32.
+halves (``colibri.store.halves``: uint16 bits, rounded when a row is stored, widened when it is
+read) or float32.
 A forward step is a ragged batch: row t belongs to slot ``slots[t]`` at position ``positions[t]``,
 so one call serves a prefill (many rows, one slot), a batched decode (one row per slot) or both.
 Rows first write their key and value, then attend causally to positions ``0..positions[t]`` of
@@ -13,13 +14,12 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from colibri.model.kernels.halves import loaded, stored
 from colibri.model.kernels.ops import exp_from_peak
+from colibri.store.halves import loaded, stored
+from colibri.store.numerics import KERNEL
 
-_JIT = dict(nogil=True, cache=True, fastmath=True, error_model="numpy")
 
-
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def store_kv(
     k: np.ndarray, v: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
     layer: int, slots: np.ndarray, positions: np.ndarray, n_kv: int, head_dim: int,
@@ -34,7 +34,7 @@ def store_kv(
                 v_cache[s, layer, p, h, d] = stored(v_cache, v[t, h * head_dim + d])
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def _attend_row(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int, h: int,
                 kh: int, out: np.ndarray, scratch: np.ndarray) -> None:
     """One row's query head ``h`` (``q``: the row) against kv head kh of its slot and layer
@@ -63,7 +63,7 @@ def _attend_row(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position: i
             oh[i] += weight * loaded(value[i])
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **KERNEL)
 def _rows_parallel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int,
                    slots: np.ndarray, positions: np.ndarray, n_heads: int, group: int,
                    out: np.ndarray) -> None:
@@ -79,7 +79,7 @@ def _rows_parallel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, laye
         _attend_row(q[t], k_cache[s, layer], v_cache[s, layer], position, h, h // group, out[t], scratch)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def attend(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int,
     slots: np.ndarray, positions: np.ndarray, n_heads: int, n_kv: int, out: np.ndarray,

@@ -20,7 +20,8 @@ import numba as nb
 import numpy as np
 
 from colibri.store.blocks import dequantize_row
-from colibri.store.packed import GROUP, JIT_OPTIONS, Weight, block_row
+from colibri.store.numerics import KERNEL
+from colibri.store.packed import GROUP, Weight, block_row
 
 # Weight rows per BLAS tile: 256 rows of 1536 floats is 1.5 MB, about what L2 holds.
 TILE_ROWS = 256
@@ -28,10 +29,8 @@ TILE_ROWS = 256
 # cannot cache code that asks for the thread count).
 MAX_CHUNKS = 32
 
-_JIT = JIT_OPTIONS
 
-
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def _decode_rows_t(w: Weight, r0: int, r1: int, row: np.ndarray, tile_t: np.ndarray) -> None:
     """Rows ``r0..r1`` decoded into the columns of ``tile_t[K, :]``."""
     for r in range(r0, r1):
@@ -41,7 +40,7 @@ def _decode_rows_t(w: Weight, r0: int, r1: int, row: np.ndarray, tile_t: np.ndar
             tile_t[k, r - r0] = row[k]
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **KERNEL)
 def direct_blocks(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     t_rows, k_cols = x.shape
     n_groups = -(-w.n_rows // GROUP)
@@ -65,7 +64,7 @@ def direct_blocks(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
                     out[t, r0 + r] = acc[r]
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **KERNEL)
 def tiled_blocks(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     for c in nb.prange(-(-w.n_rows // TILE_ROWS)):
         r0, r1 = c * TILE_ROWS, min(w.n_rows, (c + 1) * TILE_ROWS)

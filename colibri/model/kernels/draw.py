@@ -25,7 +25,7 @@ import math
 import numba as nb
 import numpy as np
 
-_JIT = dict(nogil=True, cache=True)
+from colibri.store.numerics import KERNEL
 
 # The histogram: bucket b holds the tokens whose log-weight (<= 0, the peak's 0) lies in
 # (-(b + 1), -b] * Z_SPAN / N_BUCKETS. A better token never lies in a later bucket, so a cut found
@@ -37,13 +37,13 @@ Z_SPAN = 32.0  # weights below e^-32 of the peak's (1e-14) share the last bucket
 _PER_UNIT = N_BUCKETS / Z_SPAN
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _bucket(logit: float, peak: float, inv_t: float) -> int:
     depth = (peak - logit) * inv_t * _PER_UNIT  # >= 0; +inf for a -inf logit
     return int(depth) if depth < N_BUCKETS - 1 else N_BUCKETS - 1  # (NaN too: never an index out of range)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def _cut(counts: np.ndarray, masses: np.ndarray, total: float, top_k: int, top_p: float,
          min_p: float) -> int:
     """The last bucket that can hold a kept token. With top_k, the buckets of the whole top-k set
@@ -61,7 +61,7 @@ def _cut(counts: np.ndarray, masses: np.ndarray, total: float, top_k: int, top_p
     return N_BUCKETS - 1 if top_k > 0 else min(N_BUCKETS - 1, _min_p_bucket(min_p))
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _min_p_bucket(min_p: float) -> int:
     """The bucket of log-weight log(min_p) (the peak's is 0), one bucket of margin; none: the last."""
     if min_p <= 0.0:
@@ -69,7 +69,7 @@ def _min_p_bucket(min_p: float) -> int:
     return int(-math.log(min_p) * _PER_UNIT) + 1
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def draw(logits: np.ndarray, weights: np.ndarray, peak: float, inv_t: float, top_k: int,
          top_p: float, min_p: float, u: float) -> int:
     """The token drawn by ``u`` (uniform in [0, 1)) from ``weights`` (``exp((logits - peak) *
@@ -101,7 +101,7 @@ def draw(logits: np.ndarray, weights: np.ndarray, peak: float, inv_t: float, top
     return last  # u * total rounded up to the total: the last token with any weight
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def _kept(logits: np.ndarray, weights: np.ndarray, peak: float, inv_t: float, top_k: int,
           top_p: float, min_p: float) -> tuple[np.ndarray, int]:
     """The truncated row: token ids best first (ties: the lower id), of which the first ``keep``

@@ -47,10 +47,9 @@ from colibri.model.kernels.simd import (
     zeros_float,
     zeros_int,
 )
-from colibri.store.formats import BLOCK
+from colibri.store.numerics import BLOCK, KERNEL
 from colibri.store.packed import (
     GROUP,
-    JIT_OPTIONS,
     KIND_Q4,
     KIND_Q5,
     OFFSET_Q4,
@@ -62,7 +61,6 @@ from colibri.store.packed import (
     slot,
 )
 
-_JIT = JIT_OPTIONS
 # Activation rows sharing one load of a weight vector: 4 rows keep 8 integer (a sum per level)
 # and 4 float accumulators, the weights and their nibbles in registers (32 on AVX-512).
 ROWS = 4
@@ -83,7 +81,7 @@ LEVELS = 2
 assert LEVELS == 2, "the kernels below are written out for two levels"
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def quantize_row(x: np.ndarray, per: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray) -> None:
     """A row ``x`` into LEVELS levels of 8-bit quants ``xq[level]`` per 32 values, each rounding
     the remainder of the one before; per weight block of ``per`` values (32 or 16), ``dx[level]``
@@ -121,13 +119,13 @@ def quantize_row(x: np.ndarray, per: int, xq: np.ndarray, dx: np.ndarray, sx: np
             step = step * INV_FINER
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _level(acc, isum, dw, dl: float):  # noqa: ANN001, ANN202
     """``acc + isum d dl``: one level's integer sums, scaled by the weights' and its own scale."""
     return fma_float(to_float(isum), mul_float(dw, splat_float(dl)), acc)
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _scaled(acc, i1, i2, dw, mw, stored_m: bool, dx: np.ndarray, sx: np.ndarray, t: int, b: int,  # noqa: ANN001, ANN202
             off: int):
     """``acc`` plus one block's integer sums of row ``t``, one per level, scaled by the block's
@@ -141,7 +139,7 @@ def _scaled(acc, i1, i2, dw, mw, stored_m: bool, dx: np.ndarray, sx: np.ndarray,
     return fma_float(mw, splat_float(xsum), acc)
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _scales(df, mf, sdf, smf, s: int, at: int, stored_m: bool, subbed: bool):  # noqa: ANN001, ANN202
     """A block's scales and offsets for 16 weight rows: ``d`` and ``m`` at ``s``, each times its
     block's integer multiple at ``at`` where the weight is sub-scaled (``packed.SUB_SCALED``: the
@@ -157,14 +155,14 @@ def _scales(df, mf, sdf, smf, s: int, at: int, stored_m: bool, subbed: bool):  #
     return dw, mw
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _dot(i1, i2, w, xqf, at: int, k: int):  # noqa: ANN001, ANN202
     """Each level's sum plus one weight vector times that level's activation quad at ``at``
     (levels ``k`` bytes apart)."""
     return dpbusd(i1, w, load_quad(xqf, at)), dpbusd(i2, w, load_quad(xqf, at + k))
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _halves(v, h, p: int, bits: int):  # noqa: ANN001, ANN202
     """The quants of weight vector ``v`` (quad ``p`` of a block) as bytes: Q4's low and high
     nibbles (quants 4p.. and 16 + 4p..), Q5's with their fifth bits from ``h``."""
@@ -173,7 +171,7 @@ def _halves(v, h, p: int, bits: int):  # noqa: ANN001, ANN202
     return low_nibbles(v), high_nibbles(v)
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _row_block_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
     """One block of one activation row against a group's 32 weight rows, two vectors of 16: each
     level's integer sum per vector, from zero sums ``z``. Both vectors take the same steps as in
@@ -210,7 +208,7 @@ def _row_block_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int)
 Q5_QUADS = Q5_BYTES // QUAD
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
     """``_row_block_of``, Q5's copy with its width and quads constants (``Q5_QUADS``)."""
     if bits == 5:
@@ -218,7 +216,7 @@ def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  
     return _row_block_of(z, qf, base, quads, xqf, x0, k, bits)
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _four_blocks_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
     """``_row_block`` for four activation rows (``LEVELS k`` apart in ``xqf``), each weight vector
     loaded and split once. Each row's sums take ``_row_block``'s steps."""
@@ -247,7 +245,7 @@ def _four_blocks_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: in
     return a1, a2, b1, b2, c1, c2, e1, e2
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
     """``_four_blocks_of``, Q5's copy with its width and quads constants (``Q5_QUADS``)."""
     if bits == 5:
@@ -255,7 +253,7 @@ def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):
     return _four_blocks_of(z, qf, base, quads, xqf, x0, k, bits)
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, out: np.ndarray,
            ds: np.ndarray, ms: np.ndarray) -> None:
     """Rows ``GROUP g ..`` of W against every activation row: four rows at a time, one vector of
@@ -317,7 +315,7 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
         t += 1
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **KERNEL)
 def int8_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     """``out[T, N] = x[T, K] @ W.T`` for a packed Q4, Q5 or Q8 weight (``out``'s rows contiguous)."""
     t_rows, k = x.shape
@@ -339,7 +337,7 @@ def int8_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
             _group(w, g, xq, dx, sx, out, w.d, w.m)
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **KERNEL)
 def quantize_rows(x: np.ndarray, per: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``quantize_row`` of every row of ``x``: (xq, dx, sx), as ``int8_matmul`` makes them."""
     t_rows, k = x.shape
@@ -355,7 +353,7 @@ def quantize_rows(x: np.ndarray, per: int) -> tuple[np.ndarray, np.ndarray, np.n
     return xq, dx, sx
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **KERNEL)
 def int8_matmul_slots(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, w: Weight, n_slots: int,
                       slots: np.ndarray, starts: np.ndarray, out: np.ndarray) -> None:
     """``out[a:b] = x[a:b] @ slot(w, slots[i]).T`` for ``a, b = starts[i], starts[i + 1]``, the

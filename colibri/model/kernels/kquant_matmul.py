@@ -54,11 +54,11 @@ from colibri.model.kernels.simd import (
     zeros_float,
     zeros_int,
 )
-from colibri.store.blocks import Q4_K_SIZE, Q6_K_SIZE, QK_K, T_Q4_K, T_Q6_K, _u32, half
-from colibri.store.formats import BLOCK
-from colibri.store.packed import JIT_OPTIONS, Weight, block_row
+from colibri.store.blocks import Q4_K_SIZE, Q6_K_SIZE, T_Q4_K, T_Q6_K, _u32
+from colibri.store.halves import half
+from colibri.store.numerics import BLOCK, KERNEL, QK_K
+from colibri.store.packed import Weight, block_row
 
-_JIT = JIT_OPTIONS
 # Runs of rows the threads split a matrix into (a constant: numba cannot cache code that asks
 # for the thread count).
 MAX_CHUNKS = 32
@@ -72,7 +72,7 @@ Q4K_ORDER = Q4K_RUNS.reshape(-1)
 _PER_VECTOR = LEVELS * 16
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def computes(w: Weight) -> bool:
     """Whether every part of an in-place weight is Q4_K or Q6_K (this path's formats; a weight with
     any other part takes ``block_matmul``)."""
@@ -83,7 +83,7 @@ def computes(w: Weight) -> bool:
     return True
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def _lane_scales(dx: np.ndarray, runs: np.ndarray, out: np.ndarray) -> None:
     """Each super-block's four vectors' activation scales, lane by lane, per level:
     ``out[((sb 4 + v) LEVELS + l) 16 + i]`` is level l's scale of run ``runs[v, i // 8]``."""
@@ -98,7 +98,7 @@ def _lane_scales(dx: np.ndarray, runs: np.ndarray, out: np.ndarray) -> None:
                     out[at + 8 + i] = b
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _vector(acc, wv, xqf: np.ndarray, xa: int, k: int, dvf: np.ndarray, at: int, ws):  # noqa: ANN001, ANN202
     """``acc`` plus one weight vector's products: per level (two), the exact integer sums against the
     64 activation quants at ``xa`` (in the vector's lane order) times that level's lane scales,
@@ -109,7 +109,7 @@ def _vector(acc, wv, xqf: np.ndarray, xa: int, k: int, dvf: np.ndarray, at: int,
     return fma_float(p, ws, acc)
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _q4_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: int, dvf: np.ndarray,
               xsm: np.ndarray) -> np.float32:
     """One Q4_K row at ``raw[at:]`` against the activation row whose quants, in Q4_K's run order
@@ -136,7 +136,7 @@ def _q4_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: 
     return lane_sum(acc)
 
 
-@nb.njit(inline="always", **_JIT)
+@nb.njit(inline="always", **KERNEL)
 def _q6_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: int, dvf: np.ndarray,
               xso: np.ndarray) -> np.float32:
     """One Q6_K row: ``sum d sc_i ((q - 32) . x)`` over the 16-value sub-blocks i, the ``-32`` one
@@ -160,7 +160,7 @@ def _q6_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: 
     return lane_sum(acc)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def _prepare(x: np.ndarray, w: Weight, xq: np.ndarray, xq4: np.ndarray, dv4: np.ndarray,
              dv6: np.ndarray, xsm: np.ndarray, xso: np.ndarray) -> None:
     """The activation rows as the vectors of ``w``'s formats take them: the levels of quants
@@ -204,7 +204,7 @@ def _prepare(x: np.ndarray, w: Weight, xq: np.ndarray, xq4: np.ndarray, dv4: np.
             xsm[t, (j // 8) * 16 + j % 8] = -s
 
 
-@nb.njit(parallel=True, **_JIT)
+@nb.njit(parallel=True, **KERNEL)
 def kquant_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     """``out[T, N] = x[T, K] @ W.T`` for an in-place weight of Q4_K and Q6_K parts (``computes``)."""
     t_rows, k = x.shape

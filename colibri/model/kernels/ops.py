@@ -2,8 +2,7 @@
 RoPE (normal and NEOX, full or partial), SwiGLU, bias and residual adds, and an exponential that
 vectorizes.
 
-``error_model="numpy"``: a float division by zero gives inf, as in NumPy, rather than raising; the
-check Python's semantics need is a branch per element, which keeps a loop from vectorizing.
+Compiled with the kernels' options and fast-math policy (``colibri.store.numerics``).
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-_JIT = dict(nogil=True, cache=True, fastmath=True, error_model="numpy")
+from colibri.store.numerics import KERNEL
 
 # exp(x) = 2^k e^r, k = round(x log2 e), r = x - k ln 2 (ln 2 in two parts, so that r keeps its
 # bits), e^r by Cephes' expf polynomial on |r| <= ln 2 / 2: within 3e-7 of the true value, against
@@ -25,7 +24,7 @@ _EXP_POLY = tuple(np.float32(c) for c in (1.9875691500e-4, 1.3981999507e-3, 8.33
 _EXP_LO, _EXP_HI = np.float32(-87.0), np.float32(88.0)
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def exp_into(x: np.ndarray, out: np.ndarray) -> None:
     """``out = exp(x)`` for 1-D float32 arrays; ``out`` must not overlap ``x`` (the loop's overlap
     check would then take its scalar path)."""
@@ -44,7 +43,7 @@ def exp_into(x: np.ndarray, out: np.ndarray) -> None:
         out[i] *= scale[i]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> None:
     """``out[t] = x[t] / rms(x[t]) * weight`` for every row t."""
     t_rows, k = x.shape
@@ -57,7 +56,7 @@ def rmsnorm(x: np.ndarray, weight: np.ndarray, eps: float, out: np.ndarray) -> N
             out[t, i] = x[t, i] * scale * weight[i]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def rmsnorm_heads(x: np.ndarray, weight: np.ndarray, n_heads: int, head_dim: int, eps: float) -> None:
     """RMSNorm of each head of each row in place: ``x`` is (T, n_heads * head_dim), ``weight``
     (head_dim,) is shared by the heads (the q/k norms of qwen3 and glm4moe)."""
@@ -72,7 +71,7 @@ def rmsnorm_heads(x: np.ndarray, weight: np.ndarray, n_heads: int, head_dim: int
                 x[t, o + i] = x[t, o + i] * scale * weight[i]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def rope_frequencies(head_dim: int, rope_dim: int, freq_base: float) -> np.ndarray:
     """Inverse frequencies ``base^(-2i/rope_dim)`` for the rotated pairs of a head."""
     inv = np.empty(rope_dim // 2, dtype=np.float64)
@@ -81,7 +80,7 @@ def rope_frequencies(head_dim: int, rope_dim: int, freq_base: float) -> np.ndarr
     return inv
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def rope(
     x: np.ndarray, positions: np.ndarray, n_heads: int, head_dim: int, inv_freq: np.ndarray,
     neox: bool = False,
@@ -109,7 +108,7 @@ def rope(
                 x[t, j + other] = a * s + b * c
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def exp_from_peak(x: np.ndarray, out: np.ndarray) -> np.float32:
     """``out = exp(x - max(x))`` (``x`` is left shifted by its max) and the sum of ``out``: a
     softmax's numerators and denominator. ``out`` must not overlap ``x``."""
@@ -125,7 +124,7 @@ def exp_from_peak(x: np.ndarray, out: np.ndarray) -> np.float32:
     return total
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def swiglu(gate: np.ndarray, up: np.ndarray) -> None:
     """``gate = silu(gate) * up`` in place: ``g / (1 + exp(-g)) * u``."""
     t_rows, k = gate.shape
@@ -138,7 +137,7 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> None:
             gate[t, i] = gate[t, i] / (np.float32(1.0) + e[i]) * up[t, i]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def add_into(x: np.ndarray, y: np.ndarray) -> None:
     """``x += y`` for 2-D float32 arrays (a loop numba fuses, with no temporary)."""
     for t in range(x.shape[0]):
@@ -146,7 +145,7 @@ def add_into(x: np.ndarray, y: np.ndarray) -> None:
             x[t, i] += y[t, i]
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def add_bias(x: np.ndarray, b: np.ndarray) -> None:
     """``x[t] += b`` for every row t."""
     for t in range(x.shape[0]):
@@ -154,12 +153,7 @@ def add_bias(x: np.ndarray, b: np.ndarray) -> None:
             x[t, i] += b[i]
 
 
-# Comparisons with -inf and NaN are undefined under fast-math's "no infs, no NaNs": a grammar's
-# masked logits are -inf, so the selection over the vocabulary compiles without it.
-_JIT_IEEE = dict(nogil=True, cache=True, error_model="numpy")
-
-
-@nb.njit(**_JIT_IEEE)
+@nb.njit(**KERNEL)
 def _best_and_shift(logits: np.ndarray, best: np.ndarray, shifted: np.ndarray) -> float:
     """The ``len(best)`` best ids into ``best`` and ``shifted = max(logits - peak, -87)``
     (finite, for ``exp_into``); returns the peak."""
@@ -180,7 +174,7 @@ def _best_and_shift(logits: np.ndarray, best: np.ndarray, shifted: np.ndarray) -
     return peak
 
 
-@nb.njit(**_JIT)
+@nb.njit(**KERNEL)
 def best_and_log_z(logits: np.ndarray, best: np.ndarray) -> float:
     """The ``len(best)`` largest logits' ids into ``best`` (largest first; ties: the lower id first;
     ``1 <= len(best) <= len(logits)``, a finite peak) and ``log(sum(exp(logits)))``, in one pass

@@ -21,10 +21,11 @@ import numpy as np
 from colibri.model.kernels.block_matmul import direct_blocks, tiled_blocks
 from colibri.model.kernels.int8_matmul import int8_matmul
 from colibri.model.kernels.kquant_matmul import computes, kquant_matmul
-from colibri.store.packed import JIT_OPTIONS, KIND_BLOCKS, KIND_F32, Weight
+from colibri.store.numerics import KERNEL
+from colibri.store.packed import KIND_BLOCKS, KIND_F32, Weight
 
 
-@nb.njit(**JIT_OPTIONS)
+@nb.njit(**KERNEL)
 def qmatmul(x: np.ndarray, w: Weight, out: np.ndarray, n_direct: int) -> None:
     """``out[T, N] = x[T, K] @ W.T``: rows ``[0, n_direct)`` are decode rows, the rest prompt rows.
 

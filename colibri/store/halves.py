@@ -1,19 +1,24 @@
-"""IEEE half-precision values stored as their bits in uint16 arrays, converted one scalar at a time.
+"""IEEE halves in compiled code, stored as their bits (uint16, or two bytes of a GGUF block): the one
+conversion between halves and float32 that the decoders and kernels use.
 
-The KV cache keeps keys and values as halves by default (as llama.cpp does): half the bytes of
-float32, and at long contexts decode attention is bound by those bytes, not by its arithmetic.
-numba has no float16 arrays on the CPU, so a cache of halves is ``uint16`` and the kernels convert
-here: each function is one LLVM conversion, which LLVM vectorizes in a loop (``vcvtph2ps`` and
-``vcvtps2ph`` on x86). Rounding to half is to nearest, ties to even, as numpy's ``astype``.
-``stored``/``loaded`` let one kernel serve a float32 cache (``--kv-type f32``) too: numba picks
-the conversion, or none, from the cache's dtype when it compiles.
+numba has no float16 on the CPU, so each conversion is one LLVM instruction written as an intrinsic
+(``vcvtph2ps``/``vcvtps2ph`` on x86, vectorized in a loop): every half widens exactly, and rounding
+to half is to nearest, ties to even, as numpy's ``astype``. The scales of the file's blocks are
+halves (``half``); so are the KV cache's keys and values by default, llama.cpp's default cache
+type: half float32's bytes, which bound decode attention at long contexts. ``stored``/``loaded``
+let one kernel serve a float32 cache (``--kv-type f32``) too: numba picks the conversion, or none,
+from the cache's dtype when it compiles.
 """
 
 from __future__ import annotations
 
+import numba as nb
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
+
+from colibri.store.numerics import KERNEL
 
 
 @intrinsic
@@ -30,6 +35,12 @@ def from_half(typingctx, bits):  # noqa: ANN001, ANN201
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
         return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
     return types.float32(types.uint16), codegen
+
+
+@nb.njit(inline="always", **KERNEL)
+def half(lo: np.uint8, hi: np.uint8) -> np.float32:
+    """The IEEE half whose little-endian bytes are (lo, hi), as float32."""
+    return from_half(np.uint16(np.int64(lo) | (np.int64(hi) << 8)))
 
 
 def stored(cache: object, value: float) -> object:
