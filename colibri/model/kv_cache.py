@@ -11,6 +11,7 @@ import mmap
 import numpy as np
 
 from colibri.model.hparams import HParams
+from colibri.settings import KV_TYPE
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -30,12 +31,12 @@ def lazy_zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
 
 # The cache's element types (``--kv-type``). Halves by default (llama.cpp's default cache type):
 # half float32's bytes, which bound decode attention at long contexts. numba has no float16 on the
-# CPU, so the kernels see a cache of halves as their bits in uint16 (``kernels.halves``);
+# CPU, so the kernels see a cache of halves as their bits in uint16 (``colibri.store.halves``);
 # persistence sees float16 (``KVCache.slot``). float32 keeps every key and value as computed: the
 # forward pass compared with references that keep float32 caches (transformers, llama.cpp's F32).
 KV_TYPES = {"f16": np.dtype(np.float16), "f32": np.dtype(np.float32)}
 _STORED = {"f16": np.dtype(np.uint16), "f32": np.dtype(np.float32)}
-DEFAULT_KV_TYPE = "f16"
+DEFAULT_KV_TYPE = KV_TYPE.default  # the one default, with its reason: colibri.settings
 
 
 def kv_type_name(kv_type: str) -> str:
