@@ -24,7 +24,7 @@ import numpy as np
 
 _REQUIRED = object()  # a metadata key without a default
 
-# -- the file ----------------------------------------------------------------------------------------
+# -- the file --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,6 @@ class Config:
     rope_base: float
     eps: float
     n_used: int  # expert_used_count: experts per token
-    gating: int  # expert_gating_func: 1 softmax, 2 sigmoid; 0 when the file does not say
     norm_topk: bool | None  # expert_weights_norm; None when the file does not say
     scale: float  # expert_weights_scale (glm4moe's routed scaling factor); 0: none
     n_groups: int  # expert_group_count
@@ -72,7 +71,6 @@ class Weights:
             rope_base=float(opt("rope.freq_base", 10000.0)),
             eps=float(opt("attention.layer_norm_rms_epsilon", 1e-5)),
             n_used=opt("expert_used_count"),
-            gating=opt("expert_gating_func"),
             norm_topk=opt("expert_weights_norm", None),
             scale=float(opt("expert_weights_scale", 0.0)),
             n_groups=opt("expert_group_count"),
@@ -103,7 +101,7 @@ class Weights:
         return gguf.quants.dequantize(t.data[index], t.tensor_type).astype(np.float64)
 
 
-# -- the pieces every architecture is made of --------------------------------------------------------
+# -- the pieces every architecture is made of ------------------------------------------------------
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -232,7 +230,7 @@ def grouped_top_k(scores: np.ndarray, k: int, n_groups: int, n_groups_used: int)
     return top_k(np.where(allowed, scores, -np.inf), k)
 
 
-# -- the architectures: one function each, embedding to logits ------------------------------------
+# -- the architectures: one function each, embedding to logits -------------------------------------
 
 
 def llama(w: Weights, ids: np.ndarray) -> np.ndarray:
