@@ -190,12 +190,9 @@ def _block_type_lines(gguf: GGUFFile) -> list[str]:
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
-    from colibri.sched.engine import MAX_SLOTS
     from colibri.sched.engine_process import EngineConfig, run_engine
 
-    n_slots = settings.resolve(args, settings.KV_SLOTS)
-    if not 1 <= n_slots <= MAX_SLOTS:
-        raise ColibriError(f"--kv-slots/KV_SLOTS must be 1..{MAX_SLOTS}, got {n_slots}")
+    n_slots = settings.kv_slots(args, settings.KV_SLOTS)
     ctx = settings.resolve(args, settings.CTX)
     chunk = settings.resolve(args, settings.PREFILL_CHUNK)
     if ctx < 1 or chunk < 1:
@@ -241,13 +238,10 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
 
     from colibri.api.affinity import MAX_REPLICA_ID, valid_replica_id
     from colibri.api.http_server import ServeConfig, run_server
-    from colibri.sched.engine import MAX_SLOTS
 
     path = settings.model_path(args)
     settings.ram_budget(args)  # a bad value fails here, not in every restart of the engine child
-    n_slots = settings.resolve(args, settings.SERVE_SLOTS)
-    if not 1 <= n_slots <= MAX_SLOTS:
-        raise ColibriError(f"--kv-slots must be 1..{MAX_SLOTS}, got {n_slots}")
+    n_slots = settings.kv_slots(args, settings.SERVE_SLOTS)
     max_queue = settings.resolve(args, settings.MAX_QUEUE)
     timeout = settings.resolve(args, settings.QUEUE_TIMEOUT)
     if max_queue < 0 or timeout < 0:

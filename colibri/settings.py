@@ -51,8 +51,10 @@ PREFILL_CHUNK = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK"
 KV_TYPE = Setting("kv_type", "--kv-type", "COLI_KV_TYPE", "f16", str,
                   "KV cache element type: f16 (IEEE halves) or f32")
 KV_TYPE_CHOICES = ("f16", "f32")  # colibri.model.kv_cache.KV_TYPES' names (tests/test_cli.py checks)
+# The mux protocol's limit: slot fields and KV_SLOTS are 1..16 (serve_protocol.md).
+MAX_SLOTS = 16
 KV_SLOTS = Setting("kv_slots", "--kv-slots", "KV_SLOTS", 1, int,
-                   "KV slots: conversations the engine holds and batches (1-16)")
+                   f"KV slots: conversations the engine holds and batches (1-{MAX_SLOTS})")
 STATE_DIR = Setting("state_dir", "--state-dir", "COLI_STATE_DIR", None, str,
                     "where slots persist (.coli_kv*, .coli_usage); default ~/.local/state/colibri")
 
@@ -217,6 +219,14 @@ def model_path(args: argparse.Namespace) -> Path:
 # ``coli atlas`` writes the expert atlas here in the state directory; ``coli serve`` publishes it at
 # /atlas (one name both sides agree on).
 ATLAS_FILE = "experts.json"
+
+
+def kv_slots(args: argparse.Namespace, setting: Setting) -> int:
+    """``--kv-slots`` (``coli engine``'s KV_SLOTS or ``coli serve``'s COLI_KV_SLOTS), checked."""
+    n = resolve(args, setting)
+    if not 1 <= n <= MAX_SLOTS:
+        raise ColibriError(f"--kv-slots/{setting.env} must be 1..{MAX_SLOTS}, got {n}")
+    return n
 
 
 def kv_type(args: argparse.Namespace) -> str:

@@ -95,6 +95,9 @@ class Accept:
 class Data:
     id: int
     text: bytes  # UTF-8: whole characters (the detokenizer never splits one)
+    # The sampled token whose text this is (None: the detokenizer's tail at the turn's end, or a
+    # DATA line read off the wire, which carries text only). Sessions whose wire carries ids use it.
+    token: int | None = None
 
 
 # TOPK lines carry five candidates (serve_protocol.md): the engine sends that many, and it is the

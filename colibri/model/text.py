@@ -26,6 +26,8 @@ from colibri.model.chat import ChatTemplate
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.gguf import GGUFFile
 
+_PLACEHOLDER = "x"  # the content of the placeholder messages: only their count matters
+
 
 class Segment(NamedTuple):
     text: str
@@ -129,14 +131,44 @@ class ModelText:
         segments.append(Segment(rendered[at:], True))
         return [seg for seg in segments if seg.text]
 
+    def continuation_segments(
+        self, prev_role: str | None, messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[Segment]:
+        """``messages`` as they follow a conversation that ends with a ``prev_role`` message (None:
+        nothing yet), for a session whose context only grows (Channel): rendered behind placeholder
+        messages ending with that role, and cut after the placeholders' content."""
+        if prev_role is None:
+            placeholders: list[dict[str, Any]] = []
+        elif prev_role == "assistant":
+            placeholders = [{"role": "user", "content": _PLACEHOLDER},
+                            {"role": "assistant", "content": _PLACEHOLDER}]
+        else:
+            placeholders = [{"role": "user", "content": _PLACEHOLDER},
+                            {"role": "assistant", "content": _PLACEHOLDER},
+                            {"role": prev_role, "content": _PLACEHOLDER}]
+        rendered = self.render_segments(placeholders + messages, tools=tools)
+        skip = len(placeholders)
+        for i, seg in enumerate(rendered):
+            if skip == 0:
+                return rendered[i:]
+            if not seg.markup:
+                skip -= 1
+        return []
+
+    def encode_segments(self, segments: list[Segment]) -> list[int]:
+        """The one way from rendered segments to ids, for every front end: markup with control
+        tokens recognised, client text as plain text; one prompt (SentencePiece's space prefix at
+        its start only)."""
+        return self.tokenizer.encode_segments((seg.text, seg.markup) for seg in segments)
+
     def encode_chat(
         self, messages: list[dict[str, Any]], enable_thinking: bool = False,
         tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Token ids of the chat prompt: the template's markup may hold control tokens, the
         messages' content never does."""
-        segments = self.render_segments(messages, enable_thinking, tools)
-        return self.tokenizer.encode_segments((seg.text, seg.markup) for seg in segments)
+        return self.encode_segments(self.render_segments(messages, enable_thinking, tools))
 
     def encode_text(self, text: str) -> list[int]:
         """Token ids of a client's raw text (``/v1/completions``): data, no control tokens; BOS

@@ -16,21 +16,22 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import numpy as np
 import trio
 
+from colibri.io import channel
 from colibri.io import channel_frames as cf
 from colibri.io.events import Data, Done, Error, Submit
 from colibri.model.grammar import GrammarError, compile_grammar
 from colibri.model.sampling import SamplingParams
+from colibri.sched import channel_slot
 from colibri.sched.channel_tools import CALL_CLOSE, CALL_OPEN, Tools
 from colibri.sched.channel_turns import Config, Turn, TurnRenderer
 from colibri.sched.engine import Engine
 from colibri.sched.memory import EpisodicMemory, MemoryStoreError
 from colibri.sched.persist import SnapshotError
+from colibri.sched.session import Receive
 
 SLOT = 0
 MALFORMED = cf.ErrorCode.MALFORMED_PAYLOAD
@@ -41,12 +42,11 @@ MAX_PROBE_TOKENS = 256  # a micro-decode is a reflex, not a turn
 THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"  # the reasoning block (docs: templates)
 SENTENCE_ENDS = (b".", b"!", b"?", b"\n")  # a token ending one of these ends a sentence or paragraph
 
-Send = Callable[[int, object], Awaitable[None]]
-
 
 class ChannelSession:
-    def __init__(self, engine: Engine, send: Send, work: trio.Nursery, memory: EpisodicMemory) -> None:
-        self.engine, self.send, self.work, self.memory = engine, send, work, memory
+    def __init__(self, engine: Engine, out: trio.MemorySendChannel[bytes], work: trio.Nursery,
+                 memory: EpisodicMemory) -> None:
+        self.engine, self.out, self.work, self.memory = engine, out, work, memory
         self.turns = TurnRenderer(engine.model.text)
         self.tok = engine.tokenizer
         self.config = Config()
@@ -65,7 +65,34 @@ class ChannelSession:
         n_layers = engine.model.hp.n_layers
         self.layer_mask = (1 << min(n_layers, 64)) - 1  # every layer is active: no quiescence here
 
-    # ------------------------------------------------------------------ dispatch
+    # ------------------------------------------------------------------ the session
+
+    async def send(self, msg_id: int, message: object) -> None:
+        await self.out.send(channel.encode(msg_id, message))
+
+    async def open(self) -> None:
+        await self.status(0, cf.EngineStatus.IDLE)
+
+    async def read(self, receive: Receive) -> int:
+        """Frames, in order, until SHUTDOWN or EOF (0), or a frame that breaks the stream (ERROR
+        with msg_id 0, then 2: nothing after it can be trusted, and nothing persisted is touched)."""
+        reader = channel.FrameReader("inbound")
+        while not self.shutdown:
+            for event in reader.receive_data(await receive()):
+                match event:
+                    case cf.Frame(msg_id=msg_id, message=message):
+                        await self.handle(msg_id, message)
+                        if self.shutdown:
+                            return 0
+                    case cf.BadFrame(msg_id=msg_id, code=code, detail=detail):
+                        await self.error(msg_id, code, detail)
+                    case cf.FatalFrame(code=code, detail=detail):
+                        print(f"colibri: channel: {code.name}: {detail}", file=sys.stderr, flush=True)
+                        await self.error(0, code, detail)
+                        return 2
+                    case cf.EndOfInput():
+                        return 0
+        return 0
 
     async def handle(self, msg_id: int, message: object) -> None:
         """One inbound frame (the reader's order); long work goes to a task in ``work``."""
@@ -138,14 +165,9 @@ class ChannelSession:
                 return await self.error(msg_id, MALFORMED, "a token id outside the vocabulary")
             user = self.tok.decode(body)
         elif inp.data_type == cf.DataType.EMBEDDINGS:
-            dim = self.engine.model.hp.n_embd
-            rows = np.frombuffer(inp.data, "<f2")
-            if rows.size == 0 or rows.size % dim:
-                return await self.error(msg_id, cf.ErrorCode.MALFORMED_PAYLOAD,
-                                        f"soft embeddings must be rows of {dim} f16 values")
-            embeds = rows.reshape(-1, dim).astype(np.float32)
-            if not np.isfinite(embeds).all():
-                return await self.error(msg_id, cf.ErrorCode.MALFORMED_PAYLOAD, "non-finite soft embeddings")
+            embeds = channel_slot.soft_rows(inp.data, self.engine.model.hp.n_embd)
+            if isinstance(embeds, str):
+                return await self.error(msg_id, cf.ErrorCode.MALFORMED_PAYLOAD, embeds)
             body, user = [], f"[{len(embeds)} soft rows]"
         else:
             return await self.error(msg_id, cf.ErrorCode.UNSUPPORTED_DATA_TYPE,
@@ -169,7 +191,7 @@ class ChannelSession:
         if embeds is not None:
             await self.status(msg_id, cf.EngineStatus.ENCODING)
             await self._sync_slot()
-            await self.engine.extend(SLOT, before + body, embeds)
+            await channel_slot.extend(self.engine, SLOT, before + body, embeds)
             self.context = list(self.engine.slots[SLOT].history)
             before, body = [], []
             if direct:  # no text to end on: the rows are context; the host's next input starts a turn
@@ -241,24 +263,23 @@ class ChannelSession:
         ended = trio.Event()
 
         async def on_event(event: object) -> None:
-            if isinstance(event, Data):  # the detokenizer's tail at the end
+            if isinstance(event, Data) and event.token is None:  # the detokenizer's tail at the end
                 await self._text(turn, self.context[-1] if self.context else 0, event.text)
+            elif isinstance(event, Data):
+                self.context.append(event.token)
+                turn.tokens += 1
+                await self._text(turn, event.token, event.text)
+                if turn.tokens % STATUS_EVERY_TOKENS == 0:
+                    await self.status(turn.msg_id, cf.EngineStatus.GENERATING, turn)
+                if turn.ending is not None:
+                    self.engine.stop(rid)
             elif isinstance(event, Done | Error):
                 outcome.append(event)
                 ended.set()
 
-        async def on_token(token: int, text: bytes) -> None:
-            self.context.append(token)
-            turn.tokens += 1
-            await self._text(turn, token, text)
-            if turn.tokens % STATUS_EVERY_TOKENS == 0:
-                await self.status(turn.msg_id, cf.EngineStatus.GENERATING, turn)
-            if turn.ending is not None:
-                self.engine.stop(rid)
-
         error = self.engine.check(sub)
         if error is None:
-            self.engine.start(sub, self.work, self.config.sampling(), emit=on_event, on_token=on_token)
+            self.engine.start(sub, self.work, on_event, self.config.sampling())
             await ended.wait()
             error = outcome[0] if isinstance(outcome[0], Error) else None
         if error is not None:
@@ -398,17 +419,11 @@ class ChannelSession:
         if len(self.context) + len(prompt) + steps > self.engine.n_ctx:
             return await self.error(msg_id, MALFORMED, "the probe does not fit the context")
         await self._sync_slot()
-        r = await self.engine.probe(SLOT, prompt, list(probe.candidates), steps)
+        r = await channel_slot.probe(self.engine, SLOT, prompt, list(probe.candidates), steps)
         await self.send(msg_id, r)
 
     async def _sync_slot(self) -> None:
-        """Feed the context's tail (the last sampled token) so the slot holds all of it."""
-        history = self.engine.slots[SLOT].history
-        if history != self.context[: len(history)]:
-            history.clear()  # another protocol's leftovers: start the slot over
-        tail = self.context[len(history):]
-        if tail:
-            await self.engine.extend(SLOT, tail)
+        await channel_slot.sync(self.engine, SLOT, self.context)
 
     # ------------------------------------------------------------------ snapshots and memory
 
@@ -419,7 +434,7 @@ class ChannelSession:
                            "prev_role": self.prev_role, "calls": self.calls, "next_call": self.next_call},
                           ensure_ascii=False).encode()
         try:
-            await self.engine.save_snapshot(SLOT, Path(snap.path), meta)
+            await channel_slot.save_snapshot(self.engine, SLOT, Path(snap.path), meta)
         except (OSError, ValueError) as e:
             return await self.error(msg_id, cf.ErrorCode.SNAPSHOT_SAVE_FAILED, f"{snap.path}: {e}")
         await self.send(msg_id, cf.SnapshotStatus(int(cf.SnapshotState.SAVED), 1, len(self.context),
@@ -427,7 +442,7 @@ class ChannelSession:
 
     async def _snapshot_load(self, msg_id: int, snap: cf.SnapshotLoad) -> None:
         try:
-            raw = await self.engine.load_snapshot(SLOT, Path(snap.path))
+            raw = await channel_slot.load_snapshot(self.engine, SLOT, Path(snap.path))
             meta = json.loads(raw)
             state = (str(meta["stream_id"]), list(meta["messages"]), meta["system"], meta["prev_role"],
                      {int(k): str(v) for k, v in dict(meta["calls"]).items()}, int(meta["next_call"]))
@@ -469,14 +484,14 @@ class ChannelSession:
                                                tuple(t.timestamp for t in recall.turns)))
         await self.status(msg_id, cf.EngineStatus.IDLE)
 
-    async def close(self, commit: bool = True) -> None:
+    async def close(self, status: int) -> None:
         """SHUTDOWN or EOF: the turn in flight ends (state kept), the memory is committed. After a
-        frame that broke the stream (``commit`` False) the memory's file is left as it was."""
+        frame that broke the stream (``status`` 2) the memory's file is left as it was."""
         if self.turn is not None:
             self.turn.ending = "abort"
             self.engine.stop(self.turn.request)
         await self.running.wait()
-        if not commit:
+        if status != 0:
             return
         try:
             await trio.to_thread.run_sync(self.memory.commit)

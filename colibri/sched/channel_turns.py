@@ -3,9 +3,8 @@ token ids, by the trust rule: the template's markup is parsed
 for control tokens, the host's text never is.
 
 A Channel conversation lives in the slot and only grows, so a new turn is the template's markup
-*after* what the context already holds: rendered behind placeholder messages that end with the
-role the context ends with, and cut after the placeholder's content. The first turn is the
-template's whole rendering (with its default system prompt where it has one).
+*after* what the context already holds (``ModelText.continuation_segments``). The first turn is
+the template's whole rendering (with its default system prompt where it has one).
 """
 
 from __future__ import annotations
@@ -16,9 +15,7 @@ from typing import Any
 
 from colibri.io import channel_frames as cf
 from colibri.model.sampling import SamplingParams
-from colibri.model.text import ModelText
-
-_PLACEHOLDER = "x"  # content of the placeholder messages: only their count matters
+from colibri.model.text import ModelText, Segment
 
 
 @dataclass(frozen=True)
@@ -30,35 +27,19 @@ class Framed:
 
 
 class TurnRenderer:
+    """A Channel turn's markup as ids, through the model's one chat-to-tokens path
+    (``ModelText.continuation_segments``, ``ModelText.encode_segments``)."""
+
     def __init__(self, text: ModelText) -> None:
         self.text = text
         self.tok = text.tokenizer
 
-    def _ids(self, segments) -> list[int]:
-        # one prompt: SentencePiece's space prefix at its start, not in front of every segment
-        return self.tok.encode_segments((seg.text, seg.markup) for seg in segments)
+    def _ids(self, segments: list[Segment]) -> list[int]:
+        return self.text.encode_segments(segments)
 
     def _segments(self, prev_role: str | None, messages: list[dict[str, Any]],
-                  tools: list[dict] | None = None):
-        """The segments of ``messages`` as they follow a context ending with ``prev_role`` (None:
-        the context is empty)."""
-        if prev_role is None:
-            placeholders: list[dict[str, Any]] = []
-        elif prev_role == "assistant":
-            placeholders = [{"role": "user", "content": _PLACEHOLDER},
-                            {"role": "assistant", "content": _PLACEHOLDER}]
-        else:
-            placeholders = [{"role": "user", "content": _PLACEHOLDER},
-                            {"role": "assistant", "content": _PLACEHOLDER},
-                            {"role": prev_role, "content": _PLACEHOLDER}]
-        rendered = self.text.render_segments(placeholders + messages, tools=tools)
-        skip = len(placeholders)
-        for i, seg in enumerate(rendered):
-            if skip == 0:
-                return rendered[i:]
-            if not seg.markup:
-                skip -= 1
-        return []
+                  tools: list[dict] | None = None) -> list[Segment]:
+        return self.text.continuation_segments(prev_role, messages, tools)
 
     def user_turn(self, prev_role: str | None, system: str | None,
                   tools: list[dict] | None = None, role: str = "user") -> Framed:

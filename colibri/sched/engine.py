@@ -7,8 +7,12 @@ for at most one request that is prefilling, a chunk of its prompt. The step runs
 
 A request's lifetime is its task in the engine's nursery, inside its own cancel scope: CANCEL
 cancels the scope; the task then waits out the step in flight, persists the slot and answers
-ERROR CANCELLED. The protocol drivers (``engine_process.py``, ``legacy_session.py``) see only
-``emit(event)`` calls with the events of ``colibri.io.events``. The model is seen through
+ERROR CANCELLED.
+
+No wire format here: a request's events (``colibri.io.events``, the vocabulary every protocol
+shares) go to the ``emit`` its session gave; each session (``mux_session.py``,
+``legacy_session.py``, ``channel_session.py``) owns its frames, its writer and its extras, which
+work on a slot between steps through ``exclusive``. The model is seen through
 ``colibri.model.interface.EngineModel`` only.
 """
 
@@ -16,13 +20,13 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import trio
 
-from colibri.io import channel_frames as cf
-from colibri.io import mux
 from colibri.io.events import TOPK_CANDIDATES, Accept, Data, Error, ErrorCode, Hits, Submit, TopK
 from colibri.model.grammar import GrammarError, GrammarVocab
 from colibri.model.interface import EngineModel
@@ -30,13 +34,11 @@ from colibri.model.sampling import Sampler, SamplingParams, top_candidates
 from colibri.sched import persist, telemetry
 from colibri.sched.compute import ComputeThread
 from colibri.sched.planner import StepPlan, plan_step
-from colibri.sched.probe import run_probe
-from colibri.sched.requests import Emit, OnToken, Request, Slot
+from colibri.sched.requests import Emit, Request, Slot
 
-MAX_SLOTS = 16  # the protocol's limit: slot fields and KV_SLOTS are 1..16
 HITS_EVERY_TOKENS = 6  # the spec's "~every 6 tokens": a live routing picture without flooding the pipe
-SOFT_ROW_TOKEN = 0  # a soft input row's place in a slot's history (``Engine.extend``)
 
+T = TypeVar("T")
 # A sampled token and, with TOPK on, its candidates; None for a request mid-prompt.
 Choice = tuple[int, tuple[tuple[float, bytes], ...] | None] | None
 
@@ -46,13 +48,13 @@ class Engine:
 
     def __init__(
         self, model: EngineModel, n_slots: int, n_ctx: int, state_dir: Path | None, prefill_chunk: int,
-        emit: Emit, compute: ComputeThread, topk: bool = False, perf: bool = False,
+        compute: ComputeThread, topk: bool = False, perf: bool = False,
     ) -> None:
         self.model, self.tokenizer = model, model.tokenizer
         # Where the model loads and computes: one thread (``compute.py``: one OpenMP pool)
         self.run_model = compute.run
         self.n_ctx, self.state_dir, self.prefill_chunk = n_ctx, state_dir, prefill_chunk
-        self.emit, self.topk, self.perf = emit, topk, perf
+        self.topk, self.perf = topk, perf
         self._grammar_vocab: GrammarVocab | None = None  # built on the first grammar
         self.kv = model.new_kv_cache(n_slots, n_ctx)
         self.slots = [Slot(i) for i in range(n_slots)]
@@ -133,21 +135,12 @@ class Engine:
             return Error(sub.id, ErrorCode.EMPTY_PROMPT)
         return None
 
-    @property
-    def max_payload(self) -> int:
-        """The largest SUBMIT payload that can fit the context: no token is more than the
-        vocabulary's longest token in text, nor more than its largest id and a comma as an id."""
-        per_token = max(self.tokenizer.max_token_bytes, len(str(self.model.hp.n_vocab)) + 1)
-        return mux.payload_limit(self.n_ctx, per_token)
-
-    def start(self, sub: Submit, nursery: trio.Nursery, sampling: SamplingParams | None = None,
-              emit: Emit | None = None, on_token: OnToken | None = None) -> Request:
-        """Register an accepted SUBMIT and start its task; its events go to ``emit`` (default: the
-        engine's), its tokens to ``on_token`` if given (instead of DATA events)."""
+    def start(self, sub: Submit, nursery: trio.Nursery, emit: Emit,
+              sampling: SamplingParams | None = None) -> Request:
+        """Register an accepted SUBMIT and start its task in ``nursery``; its events go to ``emit``."""
         params = sampling or SamplingParams(temperature=sub.temperature, top_p=sub.top_p, seed=sub.seed)
         slot = self.slots[sub.slot]
-        req = Request(sub.id, slot, sub, Sampler(params), emit or self.emit, self.tokenizer.stream(),
-                      on_token=on_token)
+        req = Request(sub.id, slot, sub, Sampler(params), emit, self.tokenizer.stream())
         slot.owner = req
         self.requests[sub.id] = req
         self.idle = trio.Event()
@@ -267,59 +260,16 @@ class Engine:
         for event in telemetry.turn_end_events(req, counters, maps, saved, perf=self.perf):
             await req.emit(event)
 
-    # ------------------------------------------------------------------ outside any request (Channel)
+    # ------------------------------------------------------------------ outside any request
 
     def busy(self, slot: int) -> bool:
         return self.slots[slot].owner is not None
 
-    async def probe(self, slot: int, prompt: list[int], candidates: list[int],
-                    max_decode: int) -> cf.AutonomicResult:
-        """PROBE_AUTONOMIC on ``slot`` between steps (``probe.py``); the caller checked the room."""
-        s = self.slots[slot]
+    async def exclusive(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` on the compute thread between steps: a session's work on a slot outside
+        any request (the Channel's probes, soft inputs, snapshots) sees no step half done."""
         async with self.step_lock:
-            return await self.run_model(
-                run_probe, self.model, self.kv, slot, len(s.history), prompt, candidates, max_decode,
-                self.stop_ids)
-
-    async def extend(self, slot: int, tokens: list[int], embeds: np.ndarray | None = None) -> None:
-        """Prefill ``tokens`` then the soft rows ``embeds`` ([rows, n_embd]) onto the slot's history
-        without sampling. A soft row is recorded as SOFT_ROW_TOKEN: a placeholder that only the
-        Channel session, which always extends its own history, ever sees there."""
-        s = self.slots[slot]
-
-        def run() -> None:
-            soft = [SOFT_ROW_TOKEN] * (0 if embeds is None else len(embeds))
-            for ids, rows in ((tokens, None), (soft, embeds)):
-                for at in range(0, len(ids), self.prefill_chunk):
-                    part = ids[at : at + self.prefill_chunk]
-                    start = len(s.history)
-                    self.model.forward(
-                        np.asarray(part, np.int64), np.full(len(part), slot, np.int64),
-                        np.arange(start, start + len(part), dtype=np.int64), self.kv,
-                        np.asarray([len(part) - 1], np.int64), 0,
-                        None if rows is None else rows[at : at + self.prefill_chunk])
-                    s.history.extend(part)
-
-        async with self.step_lock:
-            await self.run_model(run)
-
-    async def save_snapshot(self, slot: int, path: Path, meta: bytes) -> None:
-        """The slot's history and K/V, and ``meta``, at ``path`` (crash-safe); OSError/ValueError."""
-        s = self.slots[slot]
-        history = list(s.history)
-        await trio.to_thread.run_sync(lambda: persist.save_snapshot(
-            path, history, *self.kv.slot(slot), self.model_fp, meta))
-
-    async def load_snapshot(self, slot: int, path: Path) -> bytes:
-        """Replace the slot's state with the snapshot at ``path``; its metadata. A snapshot that
-        cannot be loaded raises persist.SnapshotError and leaves the slot as it was."""
-        s = self.slots[slot]
-        async with self.step_lock:
-            tokens, meta = await trio.to_thread.run_sync(lambda: persist.load_snapshot(
-                path, self.model_fp, *self.kv.slot(slot), self.n_ctx,
-                self.model.hp.n_vocab))
-            s.history = tokens
-        return meta
+            return await self.run_model(fn, *args)
 
     def expert_telemetry(self, hits: bool) -> list[object]:
         """TIERS, EMAP and (with ``hits``) HITS: at start, and at every turn end."""
@@ -347,11 +297,14 @@ class Engine:
 
     def _advance(self, plan: StepPlan, seconds: float) -> None:
         """The step's rows are in the KV cache now: they move from each request's todo to its
-        slot's history."""
+        slot's history. A step's seconds count for every request in it (they shared it)."""
+        parts = self.model.step_times
         for req, n, _ in plan.shares:
             req.slot.history.extend(req.todo[:n])
             del req.todo[:n]
             req.forwards += 1
+            req.t_attn += parts.attn
+            req.t_head += parts.head
             if n > 1 or not req.emitted:
                 req.t_prefill += seconds
 
@@ -400,11 +353,9 @@ class Engine:
         if token in self.stop_ids:
             return self._end(req, limited=False)
         req.emitted += 1
-        text = req.detokenizer.feed(token).encode()
-        if req.on_token is not None:
-            await req.on_token(token, text)
-        elif text:
-            await req.emit(Data(req.id, text))
+        # every token, even one whose text is not yet a whole character: a session whose wire
+        # carries token ids (Channel) sees them all; the text sessions skip the empty ones
+        await req.emit(Data(req.id, req.detokenizer.feed(token).encode(), token))
         if topk is not None:
             await req.emit(TopK(req.id, topk))
         if self.experts is not None and req.emitted % HITS_EVERY_TOKENS == 0:

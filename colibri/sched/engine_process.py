@@ -1,10 +1,9 @@
 """``coli engine``: the engine process. Loads the model, restores the slots, then serves one of the
-three protocols on stdin/stdout until EOF or SIGTERM, finishing in-flight requests first. The mux
-protocol's reader is here; the legacy protocol's single conversation is ``legacy_session.py``, the
-Channel protocol's ``channel_session.py`` (its frame loop is here).
+three protocols on stdin/stdout until EOF or SIGTERM, finishing in-flight requests first.
 
-One trio nursery holds everything: the writer (the only task that writes stdout: one line per
-write), the reader (stdin -> codec -> core), the step loop, a SIGTERM watcher, and a task per
+One skeleton for every protocol: a trio nursery holds the writer (the only task that writes
+stdout), the step loop, a SIGTERM watcher, the session reading stdin (``mux_session.py``,
+``legacy_session.py``, ``channel_session.py``: each owns its frames and extras) and a task per
 request.
 """
 
@@ -13,20 +12,19 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import trio
 
-from colibri.io import channel, mux
-from colibri.io import channel_frames as cf
-from colibri.io.events import Cancel, EndOfInput, Error, ErrorCode, ProtocolError, Ready, Stat, Stop, Submit
 from colibri.model.interface import EngineModel
-from colibri.sched import telemetry
+from colibri.model.kv_cache import DEFAULT_KV_TYPE
 from colibri.sched.compute import ComputeThread
 from colibri.sched.engine import Engine
-from colibri.sched.legacy_session import LegacySession, legacy_encoder
-from colibri.sched.requests import Emit
+from colibri.sched.session import Session
 
 READ_SIZE = 1 << 16
 # Lines buffered between the core and the writer: a slow reader of stdout applies back-pressure
@@ -46,7 +44,7 @@ class EngineConfig:
     perf: bool = False  # SERVE_PERF=1: the spec's PERF, ENTROPY and GPUS lines before each DONE
     max_tokens: int = 512  # legacy: answer length when the client gives none
     ram_budget: int | None = None  # bytes of resident expert copies (MoE); None: no limit
-    kv_type: str = "f16"  # the KV cache's element type (colibri.model.kv_cache.KV_TYPES)
+    kv_type: str = DEFAULT_KV_TYPE  # the KV cache's element type (colibri.model.kv_cache.KV_TYPES)
 
 
 def run_engine(cfg: EngineConfig) -> int:
@@ -65,95 +63,42 @@ async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int, compute: Comp
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     out_send, out_recv = trio.open_memory_channel[bytes](OUTPUT_BUFFER)
-    if cfg.protocol == "channel":
-        return await _main_channel(cfg, model, n_ctx, stdin, stdout, out_send, out_recv, compute)
-    encode = mux.encode_response if cfg.protocol == "mux" else legacy_encoder()
-
-    async def emit(event) -> None:
-        data = encode(event)
-        if data:
-            await out_send.send(data)
-
-    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, emit, compute,
+    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, compute,
                     topk=cfg.topk, perf=cfg.perf)
     await engine.run_model(engine.restore)
+    status = 0
     async with trio.open_nursery() as outer:
         outer.start_soon(_writer, out_recv, stdout)
-        if cfg.protocol == "mux":
-            for event in (Ready(), Stat(telemetry.rss_gb()), telemetry.hwinfo(),
-                          *engine.expert_telemetry(hits=False)):
-                await emit(event)
         async with trio.open_nursery() as work:
             work.start_soon(engine.run)
-            with trio.CancelScope() as reading:
-                work.start_soon(_on_sigterm, reading)
-                if cfg.protocol == "mux":
-                    await _read_mux(stdin, engine, emit, work)
-                else:
-                    session = LegacySession(engine, emit, work, cfg.max_tokens)
-                    await session.read(lambda: stdin.receive_some(READ_SIZE))
-            await engine.idle.wait()  # EOF or SIGTERM: in-flight requests finish first
+            with _session(cfg, engine, out_send, work) as session:
+                await session.open()
+                with trio.CancelScope() as reading:
+                    work.start_soon(_on_sigterm, reading)
+                    status = await session.read(partial(stdin.receive_some, READ_SIZE))
+                await session.close(status)
+                await engine.idle.wait()  # EOF or SIGTERM: in-flight requests finish first
             work.cancel_scope.cancel()
         await engine.save_usage()
         await out_send.aclose()
-    return 0
-
-
-async def _main_channel(cfg: EngineConfig, model: EngineModel, n_ctx: int, stdin, stdout, out_send,
-                        out_recv, compute: ComputeThread) -> int:
-    """The Channel protocol: STATUS(idle) when ready, then frames until SHUTDOWN, EOF or SIGTERM
-    (exit 0), or a frame that breaks the stream (ERROR with msg_id 0, exit 2: nothing after it
-    can be trusted, and nothing persisted is touched)."""
-    from colibri.sched.channel_session import ChannelSession
-    from colibri.sched.memory import MEMORY_FILE, EpisodicMemory
-
-    async def send(msg_id: int, message: object) -> None:
-        await out_send.send(channel.encode(msg_id, message))
-
-    async def no_events(event) -> None:  # every Channel request has its own emit
-        return None
-
-    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, no_events, compute)
-    await engine.run_model(engine.restore)
-    status = 0
-    with EpisodicMemory(None if cfg.state_dir is None else cfg.state_dir / MEMORY_FILE) as memory:
-        async with trio.open_nursery() as outer:
-            outer.start_soon(_writer, out_recv, stdout)
-            async with trio.open_nursery() as work:
-                work.start_soon(engine.run)
-                session = ChannelSession(engine, send, work, memory)
-                await session.status(0, cf.EngineStatus.IDLE)
-                with trio.CancelScope() as reading:
-                    work.start_soon(_on_sigterm, reading)
-                    status = await _read_channel(stdin, session)
-                await session.close(commit=status == 0)
-                await engine.idle.wait()
-                work.cancel_scope.cancel()
-            await engine.save_usage()
-            await out_send.aclose()
     return status
 
 
-async def _read_channel(stdin: trio.lowlevel.FdStream, session) -> int:
-    """Frames -> the session, in order; the exit status."""
-    reader = channel.FrameReader("inbound")
-    while not session.shutdown:
-        data = await stdin.receive_some(READ_SIZE)
-        for event in reader.receive_data(data):
-            match event:
-                case cf.Frame(msg_id=msg_id, message=message):
-                    await session.handle(msg_id, message)
-                    if session.shutdown:
-                        return 0
-                case cf.BadFrame(msg_id=msg_id, code=code, detail=detail):
-                    await session.error(msg_id, code, detail)
-                case cf.FatalFrame(code=code, detail=detail):
-                    print(f"colibri: channel: {code.name}: {detail}", file=sys.stderr, flush=True)
-                    await session.error(0, code, detail)
-                    return 2
-                case cf.EndOfInput():
-                    return 0
-    return 0
+@contextmanager
+def _session(cfg: EngineConfig, engine: Engine, out: trio.MemorySendChannel[bytes],
+             work: trio.Nursery) -> Iterator[Session]:
+    """The protocol's session, with what it holds open (the Channel's episodic memory)."""
+    if cfg.protocol == "mux":
+        from colibri.sched.mux_session import MuxSession
+        yield MuxSession(engine, out, work)
+    elif cfg.protocol == "legacy":
+        from colibri.sched.legacy_session import LegacySession
+        yield LegacySession(engine, out, work, cfg.max_tokens)
+    else:
+        from colibri.sched.channel_session import ChannelSession
+        from colibri.sched.memory import MEMORY_FILE, EpisodicMemory
+        with EpisodicMemory(None if cfg.state_dir is None else cfg.state_dir / MEMORY_FILE) as memory:
+            yield ChannelSession(engine, out, work, memory)
 
 
 async def _writer(lines: trio.MemoryReceiveChannel[bytes], stdout: trio.lowlevel.FdStream) -> None:
@@ -179,28 +124,3 @@ async def _on_sigterm(reading: trio.CancelScope) -> None:
         async for _ in signals:
             reading.cancel()  # stop taking requests; the drain that follows finishes the rest
             return
-
-
-async def _read_mux(stdin: trio.lowlevel.FdStream, engine: Engine, emit: Emit, work: trio.Nursery) -> None:
-    reader = mux.RequestReader(max_payload=engine.max_payload)
-    while True:
-        data = await stdin.receive_some(READ_SIZE)
-        for event in reader.receive_data(data):
-            match event:
-                case Submit():
-                    error = engine.check(event)
-                    if error is not None:
-                        await emit(error)
-                    else:
-                        engine.start(event, work)
-                case Cancel(id=rid):
-                    if not engine.cancel(rid):
-                        await emit(Error(rid, ErrorCode.NOT_FOUND))
-                case Stop(id=rid):
-                    if not engine.stop(rid):
-                        await emit(Error(rid, ErrorCode.NOT_FOUND))
-                case ProtocolError(id=rid, code=code, detail=detail):
-                    print(f"colibri: {code}: {detail}", file=sys.stderr, flush=True)
-                    await emit(Error(rid, code))
-                case EndOfInput():
-                    return

@@ -1,11 +1,16 @@
-"""The legacy protocol's single conversation (serve_protocol.md, SERVE=1): user lines rendered with
-the chat template over the history, RESET, MORE, CANCEL, raw PROMPTs, all on KV slot 0 unless a
-PROMPT names another; and the encoder that turns the engine's events into legacy output."""
+"""The legacy protocol's session (serve_protocol.md, SERVE=1): one conversation whose user lines are
+rendered with the chat template over the history, RESET, MORE, CANCEL, raw PROMPTs, all on KV slot 0
+unless a PROMPT names another; and the encoder that turns the engine's events into legacy output.
+
+A user line is the client's text: it goes to tokens by the trust rule (``ModelText.encode_chat``),
+so ``<|im_end|>`` typed into ``coli chat`` is text, never the end of a turn. A PROMPT frame is the
+explicit opt-in to raw text whose control-token text is parsed (the host renders its own template).
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import trio
 
@@ -14,7 +19,8 @@ from colibri.io.events import Data, Done, EndOfInput, Error, ErrorCode, Protocol
 from colibri.model.sampling import SamplingParams
 from colibri.sched import telemetry
 from colibri.sched.engine import Engine
-from colibri.sched.requests import Emit, Request
+from colibri.sched.requests import Request
+from colibri.sched.session import Receive
 
 
 def legacy_encoder() -> Callable[[object], bytes]:
@@ -41,15 +47,28 @@ class LegacySession:
     template over the history; RESET forgets it; MORE continues a cut answer; CANCEL stops the
     answer in progress. Inputs are answered one at a time, in order; CANCEL acts at once."""
 
-    def __init__(self, engine: Engine, emit: Emit, work: trio.Nursery, max_tokens: int) -> None:
+    def __init__(self, engine: Engine, out: trio.MemorySendChannel[bytes], work: trio.Nursery,
+                 max_tokens: int) -> None:
         """``max_tokens``: the answer length when the client gives none."""
-        self.engine, self.emit, self.work, self.max_tokens = engine, emit, work, max_tokens
+        self.engine, self.out, self.work, self.max_tokens = engine, out, work, max_tokens
+        self.encode = legacy_encoder()
         self.messages: list[dict[str, str]] = []
         self.current: Request | None = None  # the request generating now
         self.next_id = 1
 
-    async def read(self, receive: Callable[[], Awaitable[bytes]]) -> None:
-        """Inputs from ``receive`` (b"" at EOF) until EOF."""
+    async def emit(self, event: object) -> None:
+        data = self.encode(event)
+        if data:
+            await self.out.send(data)
+
+    async def open(self) -> None:
+        """The legacy protocol has no greeting: the host writes first."""
+
+    async def close(self, status: int) -> None:
+        """Nothing of its own to end: the answer in flight finishes in the drain that follows."""
+
+    async def read(self, receive: Receive) -> int:
+        """Inputs until EOF, answered one at a time, in order."""
         reader = legacy.LegacyReader()
         queue_send, queue_recv = trio.open_memory_channel(math.inf)
         async with trio.open_nursery() as nursery:
@@ -59,7 +78,7 @@ class LegacySession:
                     data = await receive()
                     for event in reader.receive_data(data):
                         if isinstance(event, EndOfInput):
-                            return
+                            return 0
                         if isinstance(event, legacy.CancelAnswer):
                             if self.current is not None:
                                 self.engine.cancel(self.current.id)
@@ -71,31 +90,36 @@ class LegacySession:
             await self._handle(event)
 
     async def _handle(self, event) -> None:
-        chat = self.engine.model.chat_template
+        text = self.engine.model.text
         match event:
             case legacy.Reset():
                 self.messages = []
                 await self.emit(Done(0, 0, 0.0, 0.0, telemetry.rss_gb(), 0, False))
             case ProtocolError(code=code):
                 await self.emit(Error(0, code))
-            case legacy.UserLine(text=text):
-                self.messages.append({"role": "user", "content": text})
-                prompt = chat.render(self.messages)
+            case legacy.UserLine(text=line):
+                self.messages.append({"role": "user", "content": line})
+                prompt = text.encode_chat(self.messages)
                 self.messages.append({"role": "assistant", "content": ""})
                 await self._generate(prompt, self.max_tokens, 0.0, 1.0, 0)
             case legacy.More():
                 if not self.messages or self.messages[-1]["role"] != "assistant":
                     await self.emit(Error(0, ErrorCode.EMPTY_PROMPT))
                     return
-                prompt = chat.render(self.messages[:-1]) + self.messages[-1]["content"]
-                await self._generate(prompt, self.max_tokens, 0.0, 1.0, 0)
+                answer = text.tokenizer.encode(self.messages[-1]["content"], special=False)
+                await self._generate(text.encode_chat(self.messages[:-1]) + answer, self.max_tokens,
+                                     0.0, 1.0, 0)
             case legacy.RawPrompt():
                 e = event
                 await self._generate(e.prompt, e.max_tokens, e.temperature, e.top_p, e.slot)
 
-    async def _generate(self, prompt: str, max_tokens: int, temperature: float, top_p: float,
+    async def _generate(self, prompt: str | list[int], max_tokens: int, temperature: float, top_p: float,
                         slot: int) -> None:
-        sub = Submit(self.next_id, slot, max_tokens, temperature, top_p, prompt)
+        """``prompt``: token ids (a chat, by the trust rule), or a PROMPT frame's raw text."""
+        if isinstance(prompt, str):
+            sub = Submit(self.next_id, slot, max_tokens, temperature, top_p, prompt)
+        else:
+            sub = Submit(self.next_id, slot, max_tokens, temperature, top_p, "", prompt_ids=tuple(prompt))
         self.next_id += 1
         error = self.engine.check(sub)
         if error is not None:
@@ -111,9 +135,8 @@ class LegacySession:
             if isinstance(event, Done | Error):
                 ended.set()
 
-        self.current = self.engine.start(
-            sub, self.work, SamplingParams(temperature=temperature, top_p=top_p), emit=capture
-        )
+        self.current = self.engine.start(sub, self.work, capture,
+                                         SamplingParams(temperature=temperature, top_p=top_p))
         await ended.wait()
         self.current = None
         if self.messages and self.messages[-1]["role"] == "assistant":

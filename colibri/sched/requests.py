@@ -14,11 +14,8 @@ from colibri.model.interface import StoreCounters
 from colibri.model.sampling import Sampler
 from colibri.model.tokenizer import StreamDecoder
 
-# Where a request's events go: the protocol driver's encoder, or a capture around it (legacy).
+# Where a request's events go: its session's encoder, or a capture around it (legacy, Channel).
 Emit = Callable[[object], Awaitable[None]]
-# Every sampled token of a request and its text (b"" while a character is incomplete), in place of
-# DATA events: the Channel protocol sends a frame per token with its id.
-OnToken = Callable[[int, bytes], Awaitable[None]]
 
 
 @dataclass(eq=False)
@@ -51,8 +48,9 @@ class Request:
     t_start: float = field(default_factory=time.perf_counter)
     t_first: float = 0.0
     t_prefill: float = 0.0
+    t_attn: float = 0.0  # the attention and head seconds of the steps it had rows in (PERF, PROF)
+    t_head: float = 0.0
     store_at_start: StoreCounters | None = None  # the expert store's counters when admitted
     constraint: Constraint | None = None  # the SUBMIT's grammar, if it had one
     stop_requested: bool = False  # STOP: end with a normal DONE at the next step boundary
     forwards: int = 0  # forward steps this request had rows in (PROF)
-    on_token: OnToken | None = None  # None: the tokens' text goes out as DATA events
