@@ -111,6 +111,8 @@ async def test_prefix_reuse_across_requests_and_restart(nursery, tmp_path):
     first = await engine.run(1, first_prompt)
     p1 = perf_of(first)
     assert p1.reused_tokens == 0 and p1.prefilled_tokens == first.final.prompt_tokens
+    # the head is timed on every step; a dense layer's attention is inside its one compiled call
+    assert 0 < p1.t_head < p1.dt and p1.t_attn == 0.0
     # the next turn extends the conversation: everything up to the answer is reused
     turn = "<|im_end|>\n<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n"
     second_prompt = first_prompt + first.text.decode() + turn

@@ -76,6 +76,7 @@ async def test_budget_zero_equals_unlimited_and_telemetry_shows_the_tiers(nurser
     assert all(d.hit_pct == 0.0 for d in done)  # nothing resident: every use is a miss
     perf = [e for e in events_zero if isinstance(e, Perf)]
     assert len(perf) == 2 and all(p.t_edisk > 0 and p.t_emm > 0 for p in perf)  # misses read, experts ran
+    assert all(0 < p.t_attn < p.dt and 0 < p.t_head < p.dt for p in perf)  # a MoE layer's attention is timed
 
     tiers, emap = tiers_of(events_inf)
     grid = emap_array(emap)

@@ -6,7 +6,7 @@ depends on these Protocols, never on the network, the kernels or the store behin
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -16,6 +16,15 @@ from colibri.model.kv_cache import KVCache
 from colibri.model.text import ModelText
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.experts import StoreCounters
+
+
+class StepTimes(NamedTuple):
+    """Parts of the last forward step, in seconds, as the decoder can time them from Python:
+    attention where it is its own compiled call (a MoE layer's; a dense layer's attention and FFN
+    are one call, so its share is not split out), and the output head (final norm and logits)."""
+
+    attn: float = 0.0
+    head: float = 0.0
 
 
 class ExpertTelemetry(Protocol):
@@ -52,6 +61,7 @@ class EngineModel(Protocol):
     def chat_template(self) -> ChatTemplate: ...
 
     text: ModelText  # the text side: the trust rule's rendering of chat turns
+    step_times: StepTimes  # the last forward step's parts (PERF and PROF add them up per request)
 
     def new_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache: ...
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from colibri.model.chat import ChatTemplate
 from colibri.model.hparams import HParams
-from colibri.model.interface import ExpertTelemetry
+from colibri.model.interface import ExpertTelemetry, StepTimes
 from colibri.model.kv_cache import DEFAULT_KV_TYPE, KV_TYPES, KVCache, kv_type_name
 from colibri.model.network import ARCHITECTURES, Decoder
 from colibri.model.text import ModelText
@@ -58,3 +58,7 @@ class Model:
         if kv.dtype != self._kv_dtype:
             raise ValueError(f"a {kv.dtype} KV cache for a model of {self.kv_type} caches")
         return self.decoder.forward(tokens, slots, positions, kv, logit_rows, n_direct, embeds)
+
+    @property
+    def step_times(self) -> StepTimes:
+        return self.decoder.step_times

@@ -19,6 +19,7 @@ import numpy as np
 from numba.core.dispatcher import Dispatcher
 
 from colibri.model.hparams import HParams
+from colibri.model.interface import StepTimes
 from colibri.model.kernels.ops import add_into, rope_frequencies
 from colibri.model.kv_cache import KVCache
 from colibri.model.network.embedding import Embedding, OutputHead
@@ -86,6 +87,7 @@ class Decoder:
                  and same_types(dense_layer, [f for f in self.ffn if f is not None]))
         self.dense_layer = Entry(dense_layer) if alike else dense_layer
         self.attention_then_norm = Entry(attention_then_norm) if alike else attention_then_norm
+        self.step_times = StepTimes()
 
     def forward(
         self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
@@ -105,14 +107,19 @@ class Decoder:
             if x.ndim != 2 or x.shape[1] != self.hp.n_embd:
                 raise ValueError(f"soft input rows must be [rows, {self.hp.n_embd}], got {list(x.shape)}")
             h = np.empty_like(x)
+            t_attn = 0.0
             for i in range(self.hp.n_layers):
                 args = (self.shape, kv.k, kv.v, i, slots, positions, self.inv_freq, n_direct)
                 if self.moe[i] is None:
                     self.dense_layer(x, self.attn[i], self.ffn_norm[i], self.ffn[i], *args)
                 else:
+                    t0 = time.perf_counter()
                     self.attention_then_norm(x, self.attn[i], self.ffn_norm[i], *args, h)
+                    t_attn += time.perf_counter() - t0
                     add_into(x, self.moe[i](h, n_direct))
+            t0 = time.perf_counter()
             logits = self.head(x, logit_rows)
+            self.step_times = StepTimes(t_attn, time.perf_counter() - t0)
             done = True
             return logits
         finally:  # a step that failed is not weighed, but its counts end with it
