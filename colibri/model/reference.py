@@ -233,6 +233,21 @@ def grouped_top_k(scores: np.ndarray, k: int, n_groups: int, n_groups_used: int)
 # -- the architectures: one function each, embedding to logits -------------------------------------
 
 
+def self_attention(w: Weights, p: str, x: np.ndarray, neox: bool, qk_norm: bool = False) -> np.ndarray:
+    """A layer's attention half, before its residual add: ``rms_norm``, q/k/v (with their biases
+    where the file has them), per-head q and k norms (``qk_norm``), RoPE, causal GQA attention,
+    the output projection."""
+    c = w.config
+    h = rms_norm(x, w[p + "attn_norm.weight"], c.eps)
+    q, k, v = (linear(w, p + f"attn_{n}", h) for n in "qkv")
+    if qk_norm:
+        q = head_norm(q, w[p + "attn_q_norm.weight"], c.head_dim, c.eps)
+        k = head_norm(k, w[p + "attn_k_norm.weight"], c.head_dim, c.eps)
+    q = rope(q, c.head_dim, c.rope_dim, c.rope_base, neox=neox)
+    k = rope(k, c.head_dim, c.rope_dim, c.rope_base, neox=neox)
+    return attention(q, k, v, c.n_heads, c.n_kv_heads) @ w[p + "attn_output.weight"].T
+
+
 def llama(w: Weights, ids: np.ndarray) -> np.ndarray:
     """llama (SmolLM2, Llama 2/3, Mistral) and, with ``ffn_gate_inp`` in a layer, mixtral's
     experts. A layer: ``x += attention(rms_norm(x))``, ``x += ffn(rms_norm(x))``; RoPE on
@@ -241,11 +256,7 @@ def llama(w: Weights, ids: np.ndarray) -> np.ndarray:
     x = w.rows("token_embd.weight", ids)
     for i in range(c.n_layers):
         p = f"blk.{i}."
-        h = rms_norm(x, w[p + "attn_norm.weight"], c.eps)
-        q, k, v = (linear(w, p + f"attn_{n}", h) for n in "qkv")
-        q = rope(q, c.head_dim, c.rope_dim, c.rope_base, neox=False)
-        k = rope(k, c.head_dim, c.rope_dim, c.rope_base, neox=False)
-        x = x + attention(q, k, v, c.n_heads, c.n_kv_heads) @ w[p + "attn_output.weight"].T
+        x = x + self_attention(w, p, x, neox=False)
         h = rms_norm(x, w[p + "ffn_norm.weight"], c.eps)
         if p + "ffn_gate_inp.weight" not in w:
             x = x + dense_ffn(w, p, h)
@@ -264,11 +275,7 @@ def qwen2moe(w: Weights, ids: np.ndarray) -> np.ndarray:
     x = w.rows("token_embd.weight", ids)
     for i in range(c.n_layers):
         p = f"blk.{i}."
-        h = rms_norm(x, w[p + "attn_norm.weight"], c.eps)
-        q, k, v = (linear(w, p + f"attn_{n}", h) for n in "qkv")
-        q = rope(q, c.head_dim, c.rope_dim, c.rope_base, neox=True)
-        k = rope(k, c.head_dim, c.rope_dim, c.rope_base, neox=True)
-        x = x + attention(q, k, v, c.n_heads, c.n_kv_heads) @ w[p + "attn_output.weight"].T
+        x = x + self_attention(w, p, x, neox=True)
         h = rms_norm(x, w[p + "ffn_norm.weight"], c.eps)
         if p + "ffn_gate_inp.weight" not in w:
             x = x + dense_ffn(w, p, h)
@@ -288,13 +295,7 @@ def qwen3moe(w: Weights, ids: np.ndarray) -> np.ndarray:
     x = w.rows("token_embd.weight", ids)
     for i in range(c.n_layers):
         p = f"blk.{i}."
-        h = rms_norm(x, w[p + "attn_norm.weight"], c.eps)
-        q, k, v = (linear(w, p + f"attn_{n}", h) for n in "qkv")
-        q = rope(head_norm(q, w[p + "attn_q_norm.weight"], c.head_dim, c.eps),
-                 c.head_dim, c.rope_dim, c.rope_base, neox=True)
-        k = rope(head_norm(k, w[p + "attn_k_norm.weight"], c.head_dim, c.eps),
-                 c.head_dim, c.rope_dim, c.rope_base, neox=True)
-        x = x + attention(q, k, v, c.n_heads, c.n_kv_heads) @ w[p + "attn_output.weight"].T
+        x = x + self_attention(w, p, x, neox=True, qk_norm=True)
         h = rms_norm(x, w[p + "ffn_norm.weight"], c.eps)
         if p + "ffn_gate_inp.weight" not in w:  # Hugging Face's mlp_only_layers
             x = x + dense_ffn(w, p, h)
@@ -316,14 +317,7 @@ def glm4moe(w: Weights, ids: np.ndarray) -> np.ndarray:
     x = w.rows("token_embd.weight", ids)
     for i in range(c.n_layers):
         p = f"blk.{i}."
-        h = rms_norm(x, w[p + "attn_norm.weight"], c.eps)
-        q, k, v = (linear(w, p + f"attn_{n}", h) for n in "qkv")
-        if p + "attn_q_norm.weight" in w:
-            q = head_norm(q, w[p + "attn_q_norm.weight"], c.head_dim, c.eps)
-            k = head_norm(k, w[p + "attn_k_norm.weight"], c.head_dim, c.eps)
-        q = rope(q, c.head_dim, c.rope_dim, c.rope_base, neox=True)
-        k = rope(k, c.head_dim, c.rope_dim, c.rope_base, neox=True)
-        x = x + attention(q, k, v, c.n_heads, c.n_kv_heads) @ w[p + "attn_output.weight"].T
+        x = x + self_attention(w, p, x, neox=True, qk_norm=p + "attn_q_norm.weight" in w)
         h = rms_norm(x, w[p + "post_attention_norm.weight"], c.eps)
         if i < c.n_dense_lead or p + "ffn_gate_inp.weight" not in w:
             x = x + dense_ffn(w, p, h)

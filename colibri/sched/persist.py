@@ -19,6 +19,7 @@ import struct
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -69,8 +70,6 @@ def warn_stderr(message: str) -> None:
     print(f"colibri: warning: {message}", file=sys.stderr, flush=True)
 
 
-# --- fingerprints -----------------------------------------------------------------------------------
-
 
 def layout_fingerprint(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str = "float16") -> bytes:
     """sha256 of the KV cache's shape per position and element type: a cache of another shape or
@@ -88,8 +87,6 @@ def _usage_fingerprint(shape: tuple[int, ...]) -> bytes:
     desc = "colibri usage layout v1\0" + ",".join(map(str, shape)) + "\0" + HEAT_DTYPE.str
     return hashlib.sha256(desc.encode()).digest()
 
-
-# --- paths ------------------------------------------------------------------------------------------
 
 
 def slot_path(state_dir: Path, slot: int) -> Path:
@@ -324,6 +321,25 @@ def _check_header(raw: bytes, size: int, magic: bytes, model_fp: bytes, layout_f
     return count, length, digest
 
 
+def _open_checked(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes,
+                  layout_what: str) -> tuple[BinaryIO, int, int, bytes] | None:
+    """``path`` open past its header, which holds for this model and layout and whose payload length
+    is the file's: (file, count, payload length, payload digest); None if there is no file."""
+    if (opened := _open_regular(path)) is None:
+        return None
+    f, size = open(opened[0], "rb", closefd=True), opened[1]
+    try:
+        count, length, expect = _check_header(f.read(HEADER_SIZE), size, magic, model_fp, layout_fp,
+                                              layout_what)
+        if size != HEADER_SIZE + length:
+            cut = "truncated" if size < HEADER_SIZE + length else "trailing bytes"
+            raise _Reject(f"{cut} ({size} bytes, expected {HEADER_SIZE + length})")
+    except BaseException:
+        f.close()
+        raise
+    return f, count, length, expect
+
+
 def _read_exact(f, mv: memoryview) -> None:
     if f.readinto(mv) != mv.nbytes:
         raise _Reject("truncated while reading (the file shrank)")
@@ -392,16 +408,11 @@ def load_snapshot(path: Path, model_fp: bytes, k_out: np.ndarray, v_out: np.ndar
 
 def _verify(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes) -> bool:
     """Whether ``path`` exists; _Reject if its header or its payload's checksum is wrong."""
-    opened = _open_regular(path)
-    if opened is None:
+    checked = _open_checked(path, magic, model_fp, layout_fp, "KV cache layout")
+    if checked is None:
         return False
-    fd, size = opened
-    with open(fd, "rb", closefd=True) as f:
-        count, length, expect = _check_header(f.read(HEADER_SIZE), size, magic, model_fp, layout_fp,
-                                              "KV cache layout")
-        if size != HEADER_SIZE + length:
-            raise _Reject(f"{'truncated' if size < HEADER_SIZE + length else 'trailing bytes'} "
-                          f"({size} bytes, expected {HEADER_SIZE + length})")
+    f, _, _, expect = checked
+    with f:
         digest = hashlib.sha256()
         while chunk := f.read(CHUNK_BYTES):
             digest.update(chunk)
@@ -422,13 +433,11 @@ def _load_kv(path: Path, magic: bytes, model_fp: bytes, k_out: np.ndarray, v_out
     n = 0
     touched = False
     try:
-        opened = _open_regular(path)
-        if opened is None:
+        checked = _open_checked(path, magic, model_fp, layout_fp, "KV cache layout")
+        if checked is None:
             return None
-        fd, size = opened
-        with open(fd, "rb", closefd=True) as f:
-            raw = f.read(HEADER_SIZE)
-            n, length, expect = _check_header(raw, size, magic, model_fp, layout_fp, "KV cache layout")
+        f, n, length, expect = checked
+        with f:
             if n > max_tokens:
                 raise _Reject(f"{n} tokens exceed the context of {max_tokens}")
             row_bytes = math.prod(k_out.shape[2:]) * k_out.dtype.itemsize
@@ -436,9 +445,6 @@ def _load_kv(path: Path, magic: bytes, model_fp: bytes, k_out: np.ndarray, v_out
             extra = MAX_SNAPSHOT_META if magic == SNAPSHOT_MAGIC else 0
             if not want <= length <= want + extra:
                 raise _Reject(f"payload of {length} bytes does not match {n} tokens of this layout ({want})")
-            if size != HEADER_SIZE + length:
-                cut = "truncated" if size < HEADER_SIZE + length else "trailing bytes"
-                raise _Reject(f"{cut} ({size} bytes, expected {HEADER_SIZE + length})")
             digest = hashlib.sha256()
             ids = np.empty(n, dtype=TOKEN_DTYPE)
             _read_exact(f, memoryview(ids).cast("B"))
@@ -472,20 +478,14 @@ def load_usage(state_dir: Path, model_fp: bytes, shape: tuple[int, ...], *,
     shape = tuple(int(d) for d in shape)
     path = usage_path(state_dir)
     try:
-        opened = _open_regular(path)
-        if opened is None:
+        checked = _open_checked(path, USAGE_MAGIC, model_fp, _usage_fingerprint(shape), "expert shape")
+        if checked is None:
             return None
-        fd, size = opened
-        with open(fd, "rb", closefd=True) as f:
-            raw = f.read(HEADER_SIZE)
-            count, length, expect = _check_header(raw, size, USAGE_MAGIC, model_fp,
-                                                  _usage_fingerprint(shape), "expert shape")
+        f, count, length, expect = checked
+        with f:
             n = int(np.prod(shape, dtype=np.int64))
             if count != n or length != n * HEAT_DTYPE.itemsize:
                 raise _Reject(f"{count} values ({length} bytes) do not match the shape {shape}")
-            if size != HEADER_SIZE + length:
-                cut = "truncated" if size < HEADER_SIZE + length else "trailing bytes"
-                raise _Reject(f"{cut} ({size} bytes, expected {HEADER_SIZE + length})")
             heat = np.empty(n, dtype=np.float32)
             digest = hashlib.sha256()
             _read_into(f, digest, heat, HEAT_DTYPE)
