@@ -32,7 +32,9 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# A venv made before the distribution was named colibri-llm still lists the old editable `colibri`.
 $(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip uninstall -q -y colibri 2>/dev/null || true
 	$(BIN)/pip install -q -e '.[test]'
 	@touch $@
 
@@ -116,7 +118,7 @@ $(BROWSER_STAMP): | $(VENV)/bin/python
 $(NGINX_STAMP): | $(VENV)/bin/python
 	$(call apt_once,nginx,$(NGINX),nginx,$(NGINX_LOG),$(NGINX_NOTE),the replicas test,$(NGINX) -v 2>&1)
 
-# The issue-15 table, colibri against llama.cpp on the same file, 2 threads each: the default model
+# The `make bench` table, colibri against llama.cpp on the same file, 2 threads each: the default model
 # and its Q4_K_M requantization (made once by llama.cpp's quantizer, cached in .bench-cache/ with
 # the JSON of the last table). RUNS runs per figure, the median shown.
 RUNS ?= 3

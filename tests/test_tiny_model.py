@@ -210,7 +210,7 @@ def test_tokenizer_specials_and_merges(models):
     assert tok.encode("<|im_start|>") != [1]  # without special, it is text
     assert tok.decode([1, 2, 0]) == ""  # control tokens do not render
     assert tok.encode("hello world the") == [index["hello"], index["Ġworld"], index["Ġthe"]]
-    # issue 11: every end-of-text or turn marker stops, not only eos
+    # every end-of-text or turn marker stops, not only eos
     assert (tok.bos_id, tok.eos_id, tok.add_bos, tok.stop_ids) == (1, 2, False, frozenset({0, 1, 2}))
 
 

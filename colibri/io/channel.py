@@ -1,4 +1,4 @@
-"""The Channel binary protocol (specs/channel_protocol.md and its notes), both directions, sans-IO.
+"""The Channel binary protocol (docs/channel_protocol.md), both directions, sans-IO.
 
 ``encode(msg_id, message) -> bytes`` writes a frame of either direction (a host its requests, the
 engine its replies); ``FrameReader(accept).receive_data(bytes)`` reads them into ``Frame``,

@@ -1,4 +1,4 @@
-"""The Channel protocol's messages (specs/channel_protocol.md and its notes), one dataclass each.
+"""The Channel protocol's messages (docs/channel_protocol.md), one dataclass each.
 
 Inbound messages flow host -> engine (opcodes 0x0001..0x00FF), outbound ones engine -> host
 (0x0101..0x01FF); each class names its opcode in ``OP``. Fields hold the wire's values: integers

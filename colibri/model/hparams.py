@@ -1,7 +1,7 @@
 """Hyperparameters of a model, read from its GGUF metadata under the architecture's prefix.
 
 The mixture-of-experts fields are optional, with the value a dense model has (0, or None for "not
-in the file"), so a dense model loads exactly as before; the keys are llama.cpp's.
+in the file"), so a dense model's file needs none of them; the keys are llama.cpp's.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ numba's parallel kernels run on OpenMP (libgomp), which gives every thread that 
 region a pool of worker threads of its own. Once it manages more threads than there are cores, its
 workers stop spinning between regions after a few rounds and sleep, and each of a step's ~150
 regions then waits on a wake-up. trio's worker threads are a cache (any of them may run the next
-call) and the model loads before trio starts: an engine that ran the model wherever it landed had
-two or more pools on two cores, and one stream ran at half ``coli run``'s speed
+call) and the model loads before trio starts: run wherever it landed, the model would have two or
+more pools on two cores, and one stream runs at half ``coli run``'s speed then
 (``docs/performance.md``). On this thread the process has one pool, as ``coli run`` has.
 
 The thread is a resource with a ``with``: started on entry, asked to finish and joined on exit.

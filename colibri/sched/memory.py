@@ -1,5 +1,5 @@
 """The Channel protocol's episodic memory: finished turns, staged, committed, recalled (MEM_QUERY,
-MEM_COMMIT, MEM_RESPONSE in specs/channel_protocol_notes.md).
+MEM_COMMIT, MEM_RESPONSE in docs/channel_protocol.md).
 
 The session stages each finished turn (the user's text, the assistant's reply, a timestamp);
 MEM_COMMIT makes the staged turns durable; MEM_QUERY ranks the turns against a query text and the
