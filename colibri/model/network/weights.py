@@ -7,7 +7,7 @@ import numpy as np
 
 from colibri.store.arena import Arena
 from colibri.store.blocks import dequantize_row
-from colibri.store.gguf import GGUFError, GGUFFile
+from colibri.store.gguf import GGUFFile
 from colibri.store.packed import KIND_BLOCKS, Weight, make_weight
 
 _EMPTY = np.zeros(0, np.float32)
@@ -59,9 +59,3 @@ def stacked_bias(gguf: GGUFFile, names: list[str], sizes: list[int]) -> np.ndarr
         load_vector(gguf, n) if n in gguf.tensors else np.zeros(size, np.float32)
         for n, size in zip(names, sizes, strict=True)
     ])
-
-
-def require(gguf: GGUFFile, *names: str) -> None:
-    for name in names:
-        if name not in gguf.tensors:
-            raise GGUFError(f"{gguf.path}: tensor {name!r} is missing")
