@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from colibri.api.shaping import SSE_DONE, Answer, new_id, sse
+from colibri.api.ids import new_id
+from colibri.api.shaping import SSE_DONE, Answer, sse
 
 if TYPE_CHECKING:
     from colibri.api.generation import Piece, TokenLogprob

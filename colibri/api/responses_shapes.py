@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from colibri.api.shaping import Answer, new_id
+from colibri.api.ids import new_id
+from colibri.api.shaping import Answer
 
 if TYPE_CHECKING:
     from colibri.api.generation import Piece

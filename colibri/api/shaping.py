@@ -1,4 +1,4 @@
-"""What every endpoint's answer shares: ids, SSE framing, the finished answer, and the shaper's contract.
+"""What every endpoint's answer shares: SSE framing, the finished answer, and the shaper's contract.
 
 A ``Shaper`` turns one generation into one endpoint's wire shapes (``completion_shapes``: chat and
 text completions; ``responses_shapes``: the Responses API): opening frames, a frame per piece of
@@ -9,7 +9,6 @@ object of an answer that does not stream. ``serving`` drives it; a shaper does n
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,19 +16,12 @@ if TYPE_CHECKING:
     from colibri.api.generation import Piece, TokenLogprob
     from colibri.api.openai_errors import ApiError
 
-ID_HEX_CHARS = 24  # as long as OpenAI's ids: unique enough, and what clients that store them expect
-
 # Server-sent events: every JSON object a frame of its own; chat and text completions end with the
 # sentinel OpenAI ends them with (the Responses API has none).
 SSE_MIMETYPE = "text/event-stream"
 SSE_DONE = b"data: [DONE]\n\n"
 # No cache may keep a stream, and a proxy (nginx: x-accel-buffering) must not buffer it.
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-
-
-def new_id(prefix: str) -> str:
-    """OpenAI's id styles: ``chatcmpl-…``, ``cmpl-…``, ``resp_…``, ``msg_…``, ``fc_…``, ``call_…``."""
-    return prefix + uuid.uuid4().hex[:ID_HEX_CHARS]
 
 
 def sse(obj: Any) -> bytes:

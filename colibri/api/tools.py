@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from colibri.api.ids import new_id
 from colibri.api.openai_errors import bad, shown
-from colibri.api.shaping import new_id
 from colibri.api.structured import checked
 from colibri.model.tool_format import Call, ToolSet, envelope, tool_response
 

@@ -109,22 +109,8 @@ class ChannelSession:
                 self.shutdown = True
             case _ if self.turn is not None:
                 await self.error(msg_id, cf.ErrorCode.BUSY, "a turn is in progress")
-            case cf.StreamInput():
-                await self._input(msg_id, message)
-            case cf.ToolReturn():
-                await self._tool_return(msg_id, message)
-            case cf.Resume():
-                await self._resume(msg_id, message)
-            case cf.SetSystem():
-                await self._set_system(msg_id, message)
-            case cf.ProbeAutonomic():
-                await self._probe(msg_id, message)
-            case cf.SnapshotSave():
-                await self._snapshot_save(msg_id, message)
-            case cf.SnapshotLoad():
-                await self._snapshot_load(msg_id, message)
-            case cf.MemQuery():
-                await self._mem_query(msg_id, message)
+            case _ if type(message) in _SLOT_FRAMES:
+                await _SLOT_FRAMES[type(message)](self, msg_id, message)
             case _:
                 await self.error(msg_id, cf.ErrorCode.UNKNOWN_OPCODE, type(message).__name__)
 
@@ -498,3 +484,11 @@ class ChannelSession:
         except Exception as e:  # noqa: BLE001 - reported; exiting must not lose the slot's state
             print(f"colibri: warning: memory not committed: {e}", file=sys.stderr, flush=True)
 
+
+# The frames that need the slot, and their handlers: BUSY while a turn runs (``handle``).
+_SLOT_FRAMES = {
+    cf.StreamInput: ChannelSession._input, cf.ToolReturn: ChannelSession._tool_return,
+    cf.Resume: ChannelSession._resume, cf.SetSystem: ChannelSession._set_system,
+    cf.ProbeAutonomic: ChannelSession._probe, cf.SnapshotSave: ChannelSession._snapshot_save,
+    cf.SnapshotLoad: ChannelSession._snapshot_load, cf.MemQuery: ChannelSession._mem_query,
+}
