@@ -66,7 +66,7 @@ class ServeConfig:
     web_dist: Path | None
     open_browser: bool = False
     ram_budget_gb: float | None = None  # --ram-budget for the engine; None: its own default
-    kv_type: str = "f16"  # --kv-type for the engine
+    kv_type: str = settings.KV_TYPE.default  # --kv-type for the engine
     max_body: int = MAX_BODY  # bytes
     body_timeout_s: float = BODY_TIMEOUT_S
     max_requests: int = MAX_CONCURRENT_REQUESTS
