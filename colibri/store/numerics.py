@@ -5,6 +5,10 @@ The bottom of the store: nothing of colibri is imported here, and no numba eithe
 table (``formats``), which the HTTP server imports, and the bit-exact quantizers (``quantize_k``)
 can build on it as well as the compiled decoders and kernels. The one conversion between IEEE halves
 and float32 is compiled code, so it is beside this module: ``halves``.
+
+numba's cache knows a kernel by its own file and bytecode, not by these options: after changing
+them, delete the caches (``find colibri -name '*.nbi' -delete``), or each kernel whose file is
+unchanged loads the machine code compiled with the old ones.
 """
 
 from __future__ import annotations
