@@ -173,20 +173,24 @@ def zeros_float(typingctx):  # noqa: ANN001, ANN201
 _NIBBLE = ir.Constant(_VI, [0x0F0F0F0F] * LANES)
 
 
-@intrinsic
-def low_nibbles(typingctx, v):  # noqa: ANN001, ANN201
-    """Each byte's low nibble, as a byte."""
+def _lanewise(result: types.Type, op):  # noqa: ANN001, ANN202
+    """An intrinsic ``f(a)``, or ``f(a, b)`` where ``op`` takes two vectors after the builder:
+    ``op(builder, a[, b])`` on whole vectors, one LLVM instruction."""
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        return builder.and_(args[0], _NIBBLE)
-    return i32x16(v), codegen
+        return op(builder, *args)
+
+    def unary(typingctx, a):  # noqa: ANN001, ANN202
+        return result(a), codegen
+
+    def binary(typingctx, a, b):  # noqa: ANN001, ANN202
+        return result(a, b), codegen
+    return intrinsic(binary if op.__code__.co_argcount == 3 else unary)
 
 
-@intrinsic
-def high_nibbles(typingctx, v):  # noqa: ANN001, ANN201
-    """Each byte's high nibble, as a byte."""
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        return builder.and_(builder.lshr(args[0], ir.Constant(_VI, [4] * LANES)), _NIBBLE)
-    return i32x16(v), codegen
+_FOUR = ir.Constant(_VI, [4] * LANES)
+# Each byte's low nibble, as a byte; each byte's high nibble, as a byte.
+low_nibbles = _lanewise(i32x16, lambda builder, v: builder.and_(v, _NIBBLE))
+high_nibbles = _lanewise(i32x16, lambda builder, v: builder.and_(builder.lshr(v, _FOUR), _NIBBLE))
 
 
 _FIFTH = ir.Constant(_VI, [0x10101010] * LANES)
@@ -210,7 +214,7 @@ def high_fives(typingctx, v, h, p):  # noqa: ANN001, ANN201
     def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
         shift = context.cast(builder, args[2], sig.args[2], types.int32)
         fifth = builder.and_(builder.lshr(args[1], _splat(builder, shift, _VI)), _FIFTH)
-        nibble = builder.and_(builder.lshr(args[0], ir.Constant(_VI, [4] * LANES)), _NIBBLE)
+        nibble = builder.and_(builder.lshr(args[0], _FOUR), _NIBBLE)
         return builder.or_(nibble, fifth)
     return i32x16(v, h, p), codegen
 
@@ -239,25 +243,9 @@ def dpbusd(typingctx, acc, u8, s8):  # noqa: ANN001, ANN201
     return i32x16(acc, u8, s8), codegen
 
 
-@intrinsic
-def add_int(typingctx, a, b):  # noqa: ANN001, ANN201
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        return builder.add(args[0], args[1])
-    return i32x16(a, b), codegen
-
-
-@intrinsic
-def to_float(typingctx, a):  # noqa: ANN001, ANN201
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        return builder.sitofp(args[0], _VF)
-    return f32x16(a), codegen
-
-
-@intrinsic
-def mul_float(typingctx, a, b):  # noqa: ANN001, ANN201
-    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
-        return builder.fmul(args[0], args[1])
-    return f32x16(a, b), codegen
+add_int = _lanewise(i32x16, lambda builder, a, b: builder.add(a, b))
+to_float = _lanewise(f32x16, lambda builder, a: builder.sitofp(a, _VF))
+mul_float = _lanewise(f32x16, lambda builder, a, b: builder.fmul(a, b))
 
 
 @intrinsic
@@ -296,11 +284,11 @@ def _six_bits(shifts: tuple[int, int]):  # noqa: ANN202
     def six(typingctx, ql, qh):  # noqa: ANN001, ANN202
         def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
             ql_v, qh_v = args
-            nib = ql_v if shifts[0] == 0 else builder.lshr(ql_v, ir.Constant(_VI, [4] * LANES))
+            nib = ql_v if shifts[0] == 0 else builder.lshr(ql_v, _FOUR)
             nib = builder.and_(nib, _NIBBLE)
             amounts = ir.Constant(_VI, [shifts[0]] * (LANES // 2) + [shifts[1]] * (LANES // 2))
             top = builder.and_(builder.lshr(qh_v, amounts), _TWO_BITS)
-            return builder.or_(nib, builder.shl(top, ir.Constant(_VI, [4] * LANES)))
+            return builder.or_(nib, builder.shl(top, _FOUR))
         return i32x16(ql, qh), codegen
     return intrinsic(six)
 
