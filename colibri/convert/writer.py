@@ -27,6 +27,7 @@ from colibri.convert.mixture import ModelFacts, mixture_type
 from colibri.convert.safetensors import Checkpoint
 from colibri.convert.vocab import load_vocab
 from colibri.store.formats import GGMLType, quantize, row_nbytes
+from colibri.store.numerics import BLOCK
 
 TYPES: dict[str, GGMLType] = {
     "f32": GGMLType.F32,
@@ -52,7 +53,6 @@ FILE_TYPES: dict[str, gguf.LlamaFileType] = {
     "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
     **MIXTURES,
 }
-QUANT_BLOCK = 32  # values per Q8_0/Q4_0/Q4_1 block: a quantized row must hold whole blocks
 # Float32 bytes of source rows converted at a time. The quantizers make a few temporaries of this
 # size, so a conversion's resident set stays within a small multiple of it, whatever the model.
 CHUNK_BYTES = 8 * 2**20
@@ -71,7 +71,8 @@ def tensor_type(t: TensorPlan, type_name: str, facts: ModelFacts | None = None) 
         assert facts is not None
         return mixture_type(t.name, t.shape, MIXTURES[type_name], facts)
     requested = TYPES[type_name]
-    if requested in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1) and t.shape[-1] % QUANT_BLOCK:
+    # a quantized row must hold whole blocks (Q8_0, Q4_0 and Q4_1: BLOCK values each)
+    if requested in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1) and t.shape[-1] % BLOCK:
         return GGMLType.F16
     return requested
 
