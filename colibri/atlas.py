@@ -21,8 +21,6 @@ at ``/atlas``):
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ import numpy as np
 
 from colibri.errors import ColibriError
 from colibri.settings import ATLAS_FILE
+from colibri.state_files import check_state_dir, replacing
 
 __all__ = ["ATLAS_FILE", "measure", "read_prompts", "write_atlas"]
 MAX_PROMPT_TOKENS = 512  # per prompt: routing statistics need many prompts, not long ones
@@ -98,15 +97,10 @@ def measure(model, prompts: dict[str, list[Prompt]]) -> dict[str, Any]:
 
 
 def write_atlas(atlas: dict[str, Any], out: Path) -> None:
-    """``out``, whole or not at all (the server may be reading the previous one)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=out.name, suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(atlas, f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``out``, whole or not at all (the server may be reading the previous one), as the engine writes
+    its state files: never through a planted link. Its directory is held to the state directory's
+    rules wherever ``--out`` points, since a server may publish it from there."""
+    check_state_dir(out.parent)
+    data = json.dumps(atlas, separators=(",", ":")).encode()
+    with replacing(out, out.with_name(out.name + ".tmp")) as f:
+        f.write(data)

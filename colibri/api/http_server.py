@@ -32,6 +32,7 @@ from colibri.api.openai_requests import Generation
 from colibri.api.security import CorsPolicy, HostGuard, ambiguous_framing_headers, require_key_for_bind
 from colibri.api.server_state import ServerState
 from colibri.model.text import ModelText
+from colibri.state_files import check_state_dir
 
 # The defaults of --max-requests, --keep-alive and --drain-timeout (reasons: colibri/settings.py).
 MAX_CONCURRENT_REQUESTS = settings.MAX_REQUESTS.default
@@ -138,6 +139,8 @@ def _shield_last_send(send: ASGISendCallable) -> ASGISendCallable:
 def run_server(cfg: ServeConfig) -> int:
     """``coli serve``: the exit status once SIGTERM or SIGINT has drained the server."""
     require_key_for_bind(cfg.host, cfg.api_key, cfg.insecure)
+    if cfg.state_dir is not None:
+        check_state_dir(cfg.state_dir)  # /atlas reads from it: no other user may plant files there
     text = ModelText.open(cfg.model_path)  # the template and the vocabulary: no weights in this process
     _ = text.chat_template  # built now: a model without a usable template fails at start, not later
     n_ctx = min(cfg.ctx, text.context_length or cfg.ctx)

@@ -7,12 +7,14 @@ to ``serving`` (every generation endpoint, one path) or ``static`` (the page).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
+import trio
 from quart import Blueprint, Response, current_app, request
 
-from colibri import __version__
+from colibri import __version__, state_files
 from colibri.api import openai_errors, responses_api, serving
 from colibri.api.completion_shapes import ChatShaper, CompletionShaper
 from colibri.api.metrics import CONTENT_TYPE
@@ -119,14 +121,26 @@ async def experts() -> dict[str, Any]:
     }
 
 
+# experts.json is held whole per request: the largest real atlas (61 MoE layers x 256 experts x 64
+# topics, ~9 bytes a number) is ~10 MB; a bigger file is not one ``coli atlas`` wrote.
+MAX_ATLAS_BYTES = 32 << 20
+_atlas_refusals: set[str] = set()  # each reason a file was refused is logged once, not per request
+
+
 @blueprint.get("/atlas")
 async def atlas() -> Response:
     """The expert atlas ``coli atlas`` measured (its ``experts.json``), for the console's Atlas view;
-    404 until one was written for this state directory."""
+    404 until one was written for this state directory, and for anything there but a regular file
+    (a link, a FIFO) or a file over MAX_ATLAS_BYTES. Read on a worker thread, never through a link."""
     path = server_state().atlas_path
     try:
-        body = path.read_bytes() if path is not None else None
-    except OSError:
+        body = None if path is None else await trio.to_thread.run_sync(
+            state_files.read_regular, path, MAX_ATLAS_BYTES)
+    except (state_files.Refused, OSError) as e:
+        reason = str(e) if isinstance(e, state_files.Refused) else f"cannot read: {e.strerror or e}"
+        if reason not in _atlas_refusals:
+            _atlas_refusals.add(reason)
+            print(f"colibri: warning: /atlas: {path}: {reason}, answered 404", file=sys.stderr, flush=True)
         body = None
     if body is None:
         return error_response(openai_errors.not_found())

@@ -25,6 +25,7 @@ from colibri.model.kv_cache import DEFAULT_KV_TYPE
 from colibri.sched.compute import ComputeThread
 from colibri.sched.engine import Engine
 from colibri.sched.session import Session
+from colibri.state_files import check_state_dir
 
 READ_SIZE = 1 << 16
 # Lines buffered between the core and the writer: a slow reader of stdout applies back-pressure
@@ -52,6 +53,8 @@ def run_engine(cfg: EngineConfig) -> int:
     from colibri.model.loader import Model
     from colibri.model.sampling import load_kernels
 
+    if cfg.state_dir is not None:
+        check_state_dir(cfg.state_dir)  # no other user can plant files in it (state_files.py)
     with ComputeThread() as compute:  # the model loads and computes on one thread (compute.py)
         model = compute.call(lambda: Model(cfg.model_path, ram_budget=cfg.ram_budget, kv_type=cfg.kv_type))
         compute.call(load_kernels)  # a sampled request's first token does not wait for it

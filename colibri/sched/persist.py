@@ -5,7 +5,8 @@ resumes a conversation without prefilling it again. Files are written to a temp 
 over the final name and the directory fsynced: a reader sees the old file or the new one, never a mix,
 after kill -9 or power loss. Loading trusts nothing: a file that is damaged, truncated, foreign (other
 model or KV layout) or of another format version is ignored with one warning line and the slot starts
-cold. The format and the reasons are in docs/persistence.md.
+cold. No file is opened through a symbolic link, for writing or reading (``colibri.state_files``).
+The format and the reasons are in docs/persistence.md.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import hashlib
 import math
 import os
 import re
-import stat
 import struct
 import sys
 from collections.abc import Callable, Iterator
@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+
+from colibri import state_files
+from colibri.state_files import Refused as _Reject  # a file we will not load; the message says why
 
 # PNG-style magics: the high-bit first byte catches 7-bit channels, "\r\n" catches CRLF -> LF
 # conversion, "\x1a" stops `type` on DOS, the final "\n" catches LF -> CRLF conversion. Distinct
@@ -59,10 +62,6 @@ TEMP_SUFFIX = ".tmp"  # a temp file is the final name plus this: a crash leftove
 _TEMP_RE = re.compile(r"\.coli_(kv(\.[0-9]+)?|usage)\.tmp")
 
 Warn = Callable[[str], None]
-
-
-class _Reject(Exception):
-    """A file we will not load; the message is the reason shown to the user."""
 
 
 def warn_stderr(message: str) -> None:
@@ -105,15 +104,16 @@ def _temp_path(path: Path) -> Path:
 
 
 def remove_stale_temps(state_dir: Path) -> int:
-    """Delete temp files a crash left behind (ours only); returns how many. Call once at start,
-    before any save: a temp file is never read, this only reclaims its space."""
+    """Delete temp files a crash left behind, and links planted under their names (ours only; the
+    link itself, never its target); returns how many. Call once at start, before any save: a temp
+    file is never read, this only reclaims its space."""
     removed = 0
     try:
         entries = list(os.scandir(state_dir))
     except (FileNotFoundError, NotADirectoryError):
         return 0
     for entry in entries:
-        if _TEMP_RE.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+        if _TEMP_RE.fullmatch(entry.name) and (entry.is_symlink() or entry.is_file(follow_symlinks=False)):
             try:
                 os.unlink(entry.path)
                 removed += 1
@@ -125,32 +125,7 @@ def remove_stale_temps(state_dir: Path) -> int:
 # --- the write protocol -----------------------------------------------------------------------------
 
 
-def _fsync(fd: int) -> None:
-    """fsync, or on macOS F_FULLFSYNC: its fsync does not flush the drive's write cache."""
-    if sys.platform == "darwin":
-        import fcntl
-
-        try:
-            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-            return
-        except OSError:
-            pass  # file systems without F_FULLFSYNC: plain fsync is the best there is
-    os.fsync(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename or creation inside ``path`` durable: the entry lives in the directory's data."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        _fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _ensure_dir(state_dir: Path) -> None:
-    if not state_dir.is_dir():
-        state_dir.mkdir(parents=True, exist_ok=True)
-        _fsync_dir(state_dir.parent)
+_fsync = state_files.fsync  # the data's sync, by this name: tests replace it to make a save fail
 
 
 def _write_atomic(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes, count: int,
@@ -161,32 +136,17 @@ def _write_atomic(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes, c
     The payload is hashed while it is written; the header, which holds the hash, is written last at
     offset 0 (the temp file is invisible under the final name until the rename, so order is free).
     """
-    _ensure_dir(path.parent)
-    tmp = _temp_path(path)
-    # 0o600: the KV cache encodes the conversation, which is as private as the conversation itself.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        with open(fd, "wb", closefd=True) as f:
-            f.write(bytes(HEADER_SIZE))  # placeholder: a temp file cut short has no valid magic
-            digest, length = hashlib.sha256(), 0
-            for chunk in chunks:
-                f.write(chunk)
-                digest.update(chunk)
-                length += chunk.nbytes
-            body = _HEADER_BODY.pack(magic, FORMAT_VERSION, 0, model_fp, layout_fp, count, length,
-                                     digest.digest())
-            f.seek(0)
-            f.write(body + hashlib.sha256(body).digest())
-            f.flush()
-            _fsync(f.fileno())  # data before name: the final name must never point at unwritten blocks
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new, never neither
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(path.parent)  # the rename itself survives power loss only once the directory is synced
+    with state_files.replacing(path, _temp_path(path), sync=_fsync) as f:
+        f.write(bytes(HEADER_SIZE))  # placeholder: a temp file cut short has no valid magic
+        digest, length = hashlib.sha256(), 0
+        for chunk in chunks:
+            f.write(chunk)
+            digest.update(chunk)
+            length += chunk.nbytes
+        body = _HEADER_BODY.pack(magic, FORMAT_VERSION, 0, model_fp, layout_fp, count, length,
+                                 digest.digest())
+        f.seek(0)
+        f.write(body + hashlib.sha256(body).digest())
 
 
 def _array_chunks(a: np.ndarray, dtype: np.dtype) -> Iterator[memoryview]:
@@ -270,28 +230,6 @@ def save_usage(state_dir: Path, heat: np.ndarray, model_fp: bytes) -> None:
 # --- the read side ----------------------------------------------------------------------------------
 
 
-def _open_regular(path: Path) -> tuple[int, int] | None:
-    """(fd, size) of ``path``, None if it does not exist; _Reject if it is not a readable file.
-    O_NONBLOCK: opening a FIFO planted in place of the file must not hang the engine's start."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        return None
-    except IsADirectoryError:
-        raise _Reject("is a directory, not a file") from None
-    except OSError as e:
-        raise _Reject(f"cannot open: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise _Reject("is a directory, not a file" if stat.S_ISDIR(st.st_mode) else "is not a regular file")
-    return fd, st.st_size
-
-
 def _check_header(raw: bytes, size: int, magic: bytes, model_fp: bytes, layout_fp: bytes,
                   layout_what: str) -> tuple[int, int, bytes]:
     """Validate the header; (count, payload length, payload digest). Fingerprints and counts are
@@ -325,7 +263,7 @@ def _open_checked(path: Path, magic: bytes, model_fp: bytes, layout_fp: bytes,
                   layout_what: str) -> tuple[BinaryIO, int, int, bytes] | None:
     """``path`` open past its header, which holds for this model and layout and whose payload length
     is the file's: (file, count, payload length, payload digest); None if there is no file."""
-    if (opened := _open_regular(path)) is None:
+    if (opened := state_files.open_regular(path)) is None:
         return None
     f, size = open(opened[0], "rb", closefd=True), opened[1]
     try:
