@@ -55,6 +55,21 @@ def bad(param: str, message: str) -> ApiError:
     return ApiError(400, message, param)
 
 
+def too_many(param: str, count: int, limit: int) -> ApiError:
+    """A list over its cap (messages, input items, tools, tool calls), in OpenAI's own words and
+    code for an array over its maximum length."""
+    return ApiError(400, f"Invalid '{param}': array too long. Expected an array with maximum length "
+                         f"{limit}, but got an array with length {count} instead.", param,
+                    code="array_above_max_length")
+
+
+def grammar_too_large(param: str, size: int, limit: int) -> ApiError:
+    """A schema or tool set whose grammar is over what the engine's SUBMIT takes (``io/mux.py``)."""
+    return ApiError(400, f"'{param}' makes a grammar of {size} bytes, over the engine's limit of "
+                         f"{limit} bytes: send a smaller schema, or fewer or smaller tools", param,
+                    code="grammar_too_large")
+
+
 def model_not_found(model: str) -> ApiError:
     return ApiError(404, f"model {model!r} not found", "model", code="model_not_found")
 

@@ -7,6 +7,11 @@ the output: a field at null or at its default (``n: 1``, ``response_format: {"ty
 ``prompt_cache_key``...). Of several refused fields the one the client needs is named: ``tools``
 before ``parallel_tool_calls``, which only modifies it.
 
+The body's JSON itself (nesting, integer size, lone surrogates in any string) is checked as it is
+parsed (``json_body.parse_json``); the per-field surrogate checks here keep a body handed in as a
+``dict`` to the same rule. Counts are capped before anything walks the lists: messages
+(MAX_MESSAGES), tools and tool calls (``tools.py``).
+
 Structured outputs (``response_format``, ``structured.py``) and tools (``tools.py``) become a
 grammar the engine holds every sampled token to; the two at once are refused (one answer cannot be
 both a tool envelope and the client's schema).
@@ -14,17 +19,24 @@ both a tool envelope and the client's schema).
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from colibri.api.openai_errors import bad, shown
+# The body's JSON limits, re-exported: the routes and the tests take them from here.
+from colibri.api.json_body import MAX_INT_DIGITS, MAX_JSON_DEPTH, parse_json  # noqa: F401
+from colibri.api.openai_errors import bad, shown, too_many
 from colibri.api.stop import validate_stops
 from colibri.api.structured import response_format_grammar
-from colibri.api.tools import ToolPlan, history_message, parse_tools, prompt_messages, tool_grammar
+from colibri.api.tools import (
+    ToolPlan,
+    count_calls,
+    history_message,
+    parse_tools,
+    prompt_messages,
+    tool_grammar,
+)
 from colibri.errors import ColibriError
 from colibri.io.events import TOPK_CANDIDATES
 from colibri.model.text import ClientMarkupError
@@ -38,16 +50,10 @@ DEFAULT_MAX_TOKENS = 1024
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")  # OpenAI's values
 MIN_TOP_P = 1e-9  # top_p must be positive (0 would keep no token at all)
-# An OpenAI body nests about 5 deep (messages[i].content[j].text); deeper is no request but a bid
-# for the recursion of whatever walks it (json's own parser fails near 1000 with RecursionError).
-MAX_JSON_DEPTH = 64
-# The longest integer a field takes is a uint64 seed (20 digits); longer ones are refused while
-# parsing, before Python's own guard (4300 digits, a ValueError) or a quadratic conversion.
-MAX_INT_DIGITS = 40
-# A digit run that long somewhere in the body (perhaps in a string): only then is each integer
-# checked as it is parsed, a Python call per integer that plain bodies need not pay.
-_LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (MAX_INT_DIGITS + 1))
-
+# Messages in a chat (input items in a Responses body): checking and rendering cost ~20 us each on
+# the event loop, so 50,000 tiny ones held every other client for a second (issue 38); 2048 is far
+# more than a conversation that fits a context holds (each costs a few tokens of template alone).
+MAX_MESSAGES = 2048
 # ``render(messages, enable_thinking[, tools]) -> prompt``: the model's chat template (tools only
 # for a template that takes them: ``ModelText.render``).
 Render = Callable[..., str]
@@ -282,6 +288,9 @@ def _chat_messages(messages: Any) -> list[dict[str, Any]]:
     """The client's messages, checked, with text content (``tools.history_message``)."""
     if not isinstance(messages, list) or not messages:
         raise bad("messages", "'messages' must be a non-empty list")
+    if len(messages) > MAX_MESSAGES:
+        raise too_many("messages", len(messages), MAX_MESSAGES)
+    count_calls(messages)
     clean = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
@@ -358,46 +367,3 @@ def parse_completion(body: Any, n_ctx: int, n_slots: int) -> Generation:
     gen = _common(body, "completion", prompt, n_ctx, n_slots)
     gen.grammar = response_format_grammar(body.get("response_format"))
     return gen
-
-
-def _parse_int(digits: str) -> int:
-    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-        raise bad("", f"the request body holds an integer of {len(digits.lstrip('-'))} digits; "
-                      f"no field takes more than {MAX_INT_DIGITS}")
-    return int(digits)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise bad("", f"the request body is not valid JSON: {name} is not a JSON number")
-
-
-def _nested_deeper_than(value: Any, limit: int) -> bool:
-    """Whether containers nest more than ``limit`` deep; iterative, so any depth is safe to ask."""
-    stack = [(value, 1)] if isinstance(value, dict | list) else []
-    while stack:
-        node, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-    return False
-
-
-def parse_json(raw: bytes) -> Any:
-    """A request body as JSON; a 400 naming what is wrong with it. Strict JSON (no NaN or
-    Infinity), integers of at most MAX_INT_DIGITS digits, nesting at most MAX_JSON_DEPTH deep."""
-    too_deep = bad("", f"the request body is nested too deep (more than {MAX_JSON_DEPTH} levels)")
-    try:
-        parse_int = _parse_int if _LONG_DIGITS.search(raw) else None
-        body = json.loads(raw.decode("utf-8"), parse_int=parse_int, parse_constant=_refuse_constant)
-    except UnicodeDecodeError:
-        raise bad("", "the request body is not UTF-8") from None
-    except json.JSONDecodeError as e:
-        raise bad("", f"the request body is not valid JSON: {e.msg} at {e.pos}") from None
-    except RecursionError:  # json's parser recurses per level: far past MAX_JSON_DEPTH anyway
-        raise too_deep from None
-    # Fewer brackets than the limit (counted in strings too) cannot nest past it: no walk needed.
-    brackets = raw.count(b"[") + raw.count(b"{")
-    if brackets > MAX_JSON_DEPTH and _nested_deeper_than(body, MAX_JSON_DEPTH):
-        raise too_deep
-    return body

@@ -16,8 +16,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from colibri.api.openai_errors import ApiError, bad, shown
-from colibri.api.openai_requests import Generation, Render, parse_chat
+from colibri.api.json_body import parse_json
+from colibri.api.openai_errors import ApiError, bad, shown, too_many
+from colibri.api.openai_requests import MAX_MESSAGES, Generation, Render, parse_chat
+from colibri.api.tools import MAX_TOOLS
 
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")  # a message's text, as sent or as replayed
@@ -46,6 +48,8 @@ _REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 _RENAMED = {"max_tokens": "max_output_tokens", "response_format": "text.format",
             "reasoning_effort": "reasoning.effort"}
 _MESSAGE_PARAM = re.compile(r"^messages\[(\d+)\]")
+# A function tool's keys (OpenAI's FunctionToolParam); another is refused, as chat refuses it.
+_TOOL_KEYS = ("type", "name", "description", "parameters", "strict")
 
 
 @dataclass
@@ -117,9 +121,12 @@ def _item_message(item: Any, where: str, messages: list[dict[str, Any]]) -> dict
             raise bad(f"{where}.role", f"unknown role {shown(role)}")
         return {"role": role, "content": _text(item.get("content"), f"{where}.content")}
     if kind == "function_call":
+        arguments = _string(item, "arguments", where)
+        # Checked here against the body's JSON limits, to name this item's field (chat parses the
+        # text again, as it does its own calls'); text that is no JSON passes, as on chat.
+        parse_json(arguments, f"{where}.arguments", not_json=None)
         call = {"id": _string(item, "call_id", where), "type": "function",
-                "function": {"name": _string(item, "name", where),
-                             "arguments": _string(item, "arguments", where)}}
+                "function": {"name": _string(item, "name", where), "arguments": arguments}}
         last = messages[-1] if messages else None
         if last is not None and last["role"] == "assistant":
             last.setdefault("tool_calls", []).append(call)
@@ -146,6 +153,8 @@ def input_messages(instructions: Any, input_: Any) -> tuple[list[dict[str, Any]]
         return [*messages, {"role": "user", "content": input_}], [*origins, "input"]
     if not isinstance(input_, list) or not input_:
         raise bad("input", "'input' must be a string or a non-empty list of items")
+    if len(input_) > MAX_MESSAGES:  # chat's cap, before each item is looked at
+        raise too_many("input", len(input_), MAX_MESSAGES)
     for i, item in enumerate(input_):
         message = _item_message(item, f"input[{i}]", messages)
         if message is not None:
@@ -158,13 +167,18 @@ def chat_tools(tools: Any) -> list[dict[str, Any]]:
     """Flat function tools -> chat tools; a built-in tool (web_search, file_search...) is a 400."""
     if not isinstance(tools, list):
         raise bad("tools", "'tools' must be a list")
+    if len(tools) > MAX_TOOLS:
+        raise too_many("tools", len(tools), MAX_TOOLS)
     out = []
     for i, tool in enumerate(tools):
         kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
         if kind != "function":
             raise bad(f"tools[{i}].type", f"the tool type {shown(kind)} is not supported: colibri "
                                           "serves function tools only (no built-in tools)")
-        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        unknown = sorted(set(tool) - set(_TOOL_KEYS))
+        if unknown:
+            raise bad(f"tools[{i}]", f"'tools[{i}]' has unknown key {shown(unknown[0])}")
+        fn = {k: tool[k] for k in _TOOL_KEYS[1:] if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
 

@@ -5,25 +5,37 @@ The grammar contract (the engine's ``colibri/model/grammar.py``): a ``str`` that
 compiles. Ours is llguidance's Lark with an embedded JSON schema, ``start: %json {...}``, built by
 ``colibri/model/json_grammar.py`` (fixed whitespace, ``lenient``, objects closed to keys they do
 not list). A schema llguidance cannot compile is the client's 400 here, never the engine's error
-later (``colibri/model/grammar.py``: how often a grammar is compiled).
+later (``colibri/model/grammar.py``: how often a grammar is compiled), and so is one over the
+engine's grammar limit (``colibri/io/mux.py`` MAX_GRAMMAR, 1 MiB), which llguidance would compile.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from colibri.api.openai_errors import bad, shown
+from colibri.api.openai_errors import bad, grammar_too_large, shown
+from colibri.io.mux import MAX_GRAMMAR
 from colibri.model.grammar import GrammarError, compile_grammar
 from colibri.model.json_grammar import json_grammar
 
-__all__ = ["checked", "json_grammar", "response_format_grammar"]
+__all__ = ["checked", "grammar_bytes", "json_grammar", "response_format_grammar"]
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
+def grammar_bytes(grammar: str) -> int:
+    """The grammar's length as the SUBMIT counts it (UTF-8 bytes); never raises."""
+    return len(grammar) if grammar.isascii() else len(grammar.encode("utf-8", "surrogatepass"))
+
+
 def checked(grammar: str, field: str) -> str:
-    """``grammar`` if llguidance compiles it, else a 400 naming ``field``. Checked once per distinct
-    text (``compile_grammar``'s cache): the same schema or tools each turn cost nothing again."""
+    """``grammar`` if the engine takes it (at most MAX_GRAMMAR bytes, the SUBMIT's limit: checked
+    first, before the compile it bounds) and llguidance compiles it, else a 400 naming ``field``.
+    Compiled once per distinct text (``compile_grammar``'s cache): the same schema or tools each
+    turn cost nothing again."""
+    size = grammar_bytes(grammar)
+    if size > MAX_GRAMMAR:
+        raise grammar_too_large(field, size, MAX_GRAMMAR)
     try:
         compile_grammar(grammar)
     except GrammarError as e:

@@ -25,19 +25,24 @@ OpenAI's side of tool calls: the validation, the history, the calls' ids. How a 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from colibri.api.ids import new_id
-from colibri.api.openai_errors import bad, shown
+from colibri.api.json_body import parse_json
+from colibri.api.openai_errors import bad, shown, too_many
 from colibri.api.structured import checked
 from colibri.model.tool_format import Call, ToolSet, envelope, tool_response
 
 # OpenAI's rule for a function's name: also keeps a name from holding markup.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# OpenAI's own maximum of functions in one request; each is listed in the prompt and the grammar.
+MAX_TOOLS = 128
+# Tool calls in a request's history, all messages together: each is checked, its arguments parsed
+# and re-written on the event loop; an agent's long loop makes about one a turn (MAX_MESSAGES).
+MAX_TOOL_CALLS = 2048
 _TOOL_KEYS = {"type", "function"}
 _FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 
@@ -114,6 +119,8 @@ def parse_tools(body: dict, template: bool = False) -> ToolPlan | None:
     raw = body.get("tools")
     if raw is not None and not isinstance(raw, list):
         raise bad("tools", "'tools' must be a list")
+    if raw is not None and len(raw) > MAX_TOOLS:
+        raise too_many("tools", len(raw), MAX_TOOLS)
     tools = [_function(i, t) for i, t in enumerate(raw or [])]
     names = [t["function"]["name"] for t in tools]
     if len(set(names)) < len(names):
@@ -157,12 +164,20 @@ def _call(i: int, j: int, call: Any) -> dict[str, Any]:
     name, arguments, call_id = fn.get("name"), fn.get("arguments", "{}"), call.get("id", "")
     if not isinstance(name, str) or not isinstance(arguments, str | dict) or not isinstance(call_id, str):
         raise bad(where, f"'{where}' needs a string 'id', 'function.name' and 'function.arguments'")
-    if isinstance(arguments, str):
-        try:  # HF templates expect the arguments as an object
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass  # kept as the client wrote it
+    if isinstance(arguments, str):  # HF templates expect the arguments as an object; text that is
+        # no JSON is kept as the client wrote it, but JSON past the body's limits is a 400
+        arguments = parse_json(arguments, f"{where}.function.arguments", where, not_json=arguments)
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def count_calls(messages: list[Any]) -> int:
+    """The tool calls in a chat's history, all messages together; a 400 past MAX_TOOL_CALLS (counted
+    before any is checked)."""
+    count = sum(len(m["tool_calls"]) for m in messages
+                if isinstance(m, dict) and isinstance(m.get("tool_calls"), list))
+    if count > MAX_TOOL_CALLS:
+        raise too_many("messages[].tool_calls", count, MAX_TOOL_CALLS)
+    return count
 
 
 def history_message(i: int, message: dict, role: str, content: str) -> dict[str, Any]:

@@ -35,6 +35,10 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 LISTED_KEYS = ("name", "description", "parameters")  # what the prompt tells of a function
 _CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(CALL_CLOSE) + "|$)", re.DOTALL)
+# What reading a model's JSON may raise: no JSON (a ValueError, as are Python's 4300-digit guard on
+# an integer and json's JSONDecodeError), or nesting deeper than the parser's recursion (an
+# unconstrained answer, or a schema that allows any object, can hold either): the text is no call.
+_UNREADABLE = (ValueError, RecursionError)
 _CALL_SHAPE = '{"name": "<tool name>", "arguments": {<its arguments>}}'
 
 
@@ -98,7 +102,7 @@ class ToolSet:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
-            except json.JSONDecodeError:
+            except _UNREADABLE:
                 return None
         if not isinstance(arguments, dict):
             return None
@@ -123,7 +127,7 @@ class ToolSet:
         for match in _CALL_BLOCK.finditer(text):
             try:
                 call = self.read_call(json.loads(match.group(1)))
-            except json.JSONDecodeError:
+            except _UNREADABLE:
                 call = None
             if call is not None:
                 calls.append(call)
@@ -172,7 +176,7 @@ class ToolSet:
         is the reply, whole."""
         try:
             answer = json.loads(text)
-        except json.JSONDecodeError:
+        except _UNREADABLE:
             return text, []
         if not isinstance(answer, dict) or len(answer) != 1:
             return text, []
