@@ -1,10 +1,13 @@
 """Fuzz the request body validator of every POST route: bytes -> ``parse_json`` -> ``parse_chat``
-(the default model's real chat template, ``ModelText.render``) and ``parse_completion``.
+(the default model's real chat template, ``ModelText.render``), ``parse_completion`` and the
+Responses API's ``responses_api.parse``.
 
 ``check(data)`` asserts, for each route, that the body becomes either
 
 - a ``Generation`` the engine can take: prompt, messages and stop strings encodable as UTF-8, every
-  number in its documented range (api.md); or
+  number in its documented range (api.md), a grammar within the engine's limit (``io/mux.py``);
+  for Responses, the request fields its response repeats encodable as UTF-8 (a stream writes
+  them after its headers); or
 - an ``ApiError`` with a 4xx status whose OpenAI-shaped body serialises as JSON;
 
 and never raises anything else (a 500 in the server, or a stream cut after its first chunk).
@@ -21,6 +24,8 @@ import math
 import sys
 
 from colibri import settings
+from colibri.api import responses_api
+from colibri.api.json_body import parse_json
 from colibri.api.openai_errors import ApiError
 from colibri.api.openai_requests import (
     MAX_SEED,
@@ -29,9 +34,10 @@ from colibri.api.openai_requests import (
     Generation,
     parse_chat,
     parse_completion,
-    parse_json,
 )
 from colibri.api.stop import MAX_STOP_CHARS, MAX_STOPS
+from colibri.api.structured import grammar_bytes
+from colibri.io.mux import MAX_GRAMMAR
 from colibri.model.text import ModelText
 
 TEXT = ModelText.open(settings.default_model_path())
@@ -69,6 +75,9 @@ def check_generation(g: Generation, kind: str) -> None:
     assert 0 <= g.top_logprobs <= MAX_TOP_LOGPROBS, g.top_logprobs
     assert isinstance(g.stream, bool) and isinstance(g.include_usage, bool), g
     assert isinstance(g.logprobs, bool), g
+    if g.grammar is not None:
+        utf8(g.grammar)
+        assert grammar_bytes(g.grammar) <= MAX_GRAMMAR, grammar_bytes(g.grammar)
 
 
 def check(data: bytes) -> None:
@@ -85,6 +94,13 @@ def check(data: bytes) -> None:
         check_generation(parse_completion(body, N_CTX, N_SLOTS), "completion")
     except ApiError as e:
         check_error(e)
+    try:
+        request = responses_api.parse(body, TEXT.render, N_CTX, N_SLOTS)
+    except ApiError as e:
+        check_error(e)
+    else:
+        check_generation(request.gen, "chat")
+        utf8(json.dumps(request.echo, ensure_ascii=False))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Write the seed corpus fuzz/corpus/http/ (``python fuzz/make_http_corpus.py``) for
-fuzz_http_body.py: request bodies of both POST routes, valid ones of every shape, and the edge
-cases issue 10 found (lone surrogates, deep nesting, huge integers) with the wrong types and
-refused fields that tests/test_serve_openai.py pins down.
+fuzz_http_body.py: request bodies of the POST routes, valid ones of every shape, the edge cases
+issue 10 found (lone surrogates, deep nesting, huge integers) with the wrong types and refused
+fields that tests/test_serve_openai.py pins down, and issue 38's (tool call arguments past the JSON
+limits, lone surrogates in tool calls, tools and Responses items, lists over their caps). A schema
+whose grammar is over the engine's 1 MiB is no seed: it would make libFuzzer's inputs that long.
 
 A separate file from make_corpus.py (the codecs' seeds), so the two are rewritten independently.
 """
@@ -13,6 +15,8 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 USER = [{"role": "user", "content": "Hi"}]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+DEEP = "[" * 5000 + "]" * 5000
 
 
 def body(**fields: object) -> bytes:
@@ -21,6 +25,19 @@ def body(**fields: object) -> bytes:
 
 def chat(**fields: object) -> bytes:
     return body(model="m", messages=USER, **fields)
+
+
+def calls(call_id: str = "c1", name: str = "f", arguments: str = "{}", tool_name: str = "f") -> list:
+    """A user turn, an assistant's tool call and the tool's result, as chat messages."""
+    return [*USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": call_id, "name": tool_name, "content": "ok"}]
+
+
+def items(call_id: str = "c1", name: str = "f", arguments: str = "{}") -> list:
+    """The same as Responses input items."""
+    return [*USER, {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments},
+            {"type": "function_call_output", "call_id": call_id, "output": "ok"}]
 
 
 HTTP = {
@@ -89,6 +106,32 @@ HTTP = {
     "prompt_list": body(prompt=["a", "b"]),
     "prompt_empty": body(prompt=""),
     "prompt_tokens": body(prompt=[1, 2, 3]),
+    # tools, tool calls and the Responses API (issue 38)
+    "tools_history": body(messages=calls(arguments='{"city": "Paris"}'), tools=[TOOL],
+                          tool_choice="required"),
+    "tools_args_not_json": body(messages=calls(arguments="not json {"), tools=[TOOL]),
+    "tools_args_deep": body(messages=calls(arguments=DEEP)),
+    "tools_args_digits": body(messages=calls(arguments='{"n": 1' + "0" * 5000 + "}"), tools=[TOOL]),
+    "tools_args_nan": body(messages=calls(arguments='{"n": NaN}')),
+    "tools_args_surrogate": body(messages=calls(arguments='{"a": "\\ud800"}')),
+    "surrogate_call_id": body(messages=calls(call_id="c\ud800")),
+    "surrogate_call_name": body(messages=calls(name="f\ud800"), tools=[TOOL]),
+    "surrogate_call_args": body(messages=calls(arguments='{"a": "\udc00"}')),
+    "surrogate_tool_name": body(messages=calls(tool_name="n\udc00")),
+    "surrogate_description": chat(tools=[{"type": "function", "function": {"name": "f",
+                                                                           "description": "d\ud800"}}]),
+    "surrogate_metadata": chat(metadata={"k": "v\ud800"}, stream=True),
+    "surrogate_metadata_key": chat(metadata={"k\ud800": "v"}),
+    "tools_too_many": chat(tools=[{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]),
+    "messages_too_many": body(messages=[0] * 2049),  # counted before each is looked at
+    "responses_items": body(input=items(arguments='{"city": "Paris"}'), instructions="Be brief.",
+                            tools=[{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+                            text={"format": {"type": "json_object"}}, max_output_tokens=8),
+    "responses_args_deep": body(input=items(arguments=DEEP)),
+    "responses_surrogate_name": body(input=items(name="f\ud800")),
+    "responses_surrogate_metadata": body(input="Hi", stream=True, metadata={"k": "v\ud800"}),
+    "responses_tool_unknown_key": body(input="Hi", tools=[{"type": "function", "name": "f", "bogus": 1}]),
+    "responses_items_too_many": body(input=[0] * 2049),
     # not a JSON object
     "body_array": b'[{"role": "user", "content": "hi"}]',
     "body_string": b'"hello"',
