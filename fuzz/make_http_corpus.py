@@ -131,6 +131,8 @@ HTTP = {
     "responses_surrogate_name": body(input=items(name="f\ud800")),
     "responses_surrogate_metadata": body(input="Hi", stream=True, metadata={"k": "v\ud800"}),
     "responses_tool_unknown_key": body(input="Hi", tools=[{"type": "function", "name": "f", "bogus": 1}]),
+    "responses_tool_neutral_keys": body(input="Hi", tools=[{"type": "function", "name": "f", "async": True,
+                                                            "defer_loading": False, "output_schema": None}]),
     "responses_items_too_many": body(input=[0] * 2049),
     # not a JSON object
     "body_array": b'[{"role": "user", "content": "hi"}]',

@@ -216,6 +216,12 @@ def test_counts_over_their_caps_are_a_400(fn, make, cap, param):
 def test_a_responses_tool_with_an_unknown_key_is_a_400():
     err = refused(responses, {"input": "Hi", "tools": [{"type": "function", "name": "f", "bogus": 1}]})
     assert err.param == "tools[0]" and "'bogus'" in err.message
+    # The SDK's keys for features colibri lacks: as if absent at their defaults, else refused.
+    neutral = {"defer_loading": False, "allowed_callers": ["direct"], "async": False, "output_schema": None}
+    assert responses({"input": "Hi", "tools": [{"type": "function", "name": "f", **neutral}]}).parse_tools
+    deferred = {"type": "function", "name": "f", "defer_loading": True}
+    err = refused(responses, {"input": "Hi", "tools": [deferred]})
+    assert err.param == "tools[0].defer_loading"
 
 
 # ------------------------------------------------------------------------ reading a model's calls

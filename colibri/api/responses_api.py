@@ -50,6 +50,11 @@ _RENAMED = {"max_tokens": "max_output_tokens", "response_format": "text.format",
 _MESSAGE_PARAM = re.compile(r"^messages\[(\d+)\]")
 # A function tool's keys (OpenAI's FunctionToolParam); another is refused, as chat refuses it.
 _TOOL_KEYS = ("type", "name", "description", "parameters", "strict")
+# FunctionToolParam's keys for features colibri lacks (tool search, programmatic callers): as if
+# absent at null or their default, else refused (they would change what the model is offered).
+_TOOL_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "defer_loading": (False,), "allowed_callers": (["direct"],), "async": (False,), "output_schema": (),
+}
 
 
 @dataclass
@@ -175,9 +180,12 @@ def chat_tools(tools: Any) -> list[dict[str, Any]]:
         if kind != "function":
             raise bad(f"tools[{i}].type", f"the tool type {shown(kind)} is not supported: colibri "
                                           "serves function tools only (no built-in tools)")
-        unknown = sorted(set(tool) - set(_TOOL_KEYS))
-        if unknown:
-            raise bad(f"tools[{i}]", f"'tools[{i}]' has unknown key {shown(unknown[0])}")
+        for key in sorted(set(tool) - set(_TOOL_KEYS)):  # sorted: the same key named every time
+            if key not in _TOOL_NEUTRAL:
+                raise bad(f"tools[{i}]", f"'tools[{i}]' has unknown key {shown(key)}")
+            if not _is_default(tool[key], _TOOL_NEUTRAL[key]):
+                raise bad(f"tools[{i}].{key}", f"'tools[{i}].{key}' is not supported (tool search and "
+                                               "programmatic tool calls are not served)")
         fn = {k: tool[k] for k in _TOOL_KEYS[1:] if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
     return out
