@@ -67,7 +67,8 @@ def check_state_dir(path: Path) -> Path:
     path = Path(path)
     where = f"state directory {str(path)!r}"
     try:
-        path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        if not os.path.lexists(path):
+            path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         real = Path(os.path.realpath(path))
         st = os.stat(real)
     except OSError as e:
