@@ -260,8 +260,8 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
         raise ColibriError(f"--replica-id must be 1-{MAX_REPLICA_ID} characters of A-Z a-z 0-9 . _ : @ - [ ]")
     limits = {s.name: settings.resolve(args, s) for s in settings.HTTP_LIMITS}
     if not all(value > 0 for value in limits.values()):
-        raise ColibriError("--max-body-mb, --body-timeout, --max-requests, --keep-alive and "
-                           "--drain-timeout must be positive")
+        raise ColibriError("--max-body-mb, --body-timeout, --max-requests, --keep-alive, "
+                           "--write-timeout and --drain-timeout must be positive")
     cfg = ServeConfig(
         model_path=path, host=settings.resolve(args, settings.HOST), port=port,
         model_id=settings.resolve(args, settings.MODEL_ID) or path.name.removesuffix(".gguf"),
@@ -273,7 +273,8 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
         web_dist=Path(web) if web else settings.WEB_CONSOLE_DIR,
         open_browser=open_browser, max_body=int(limits["max_body_mb"] * (1 << 20)),
         body_timeout_s=limits["body_timeout"], max_requests=limits["max_requests"],
-        keep_alive_s=limits["keep_alive"], drain_timeout_s=limits["drain_timeout"],
+        keep_alive_s=limits["keep_alive"], write_timeout_s=limits["write_timeout"],
+        drain_timeout_s=limits["drain_timeout"],
         prefix_share=prefix_share, replica_id=replica_id,
     )
     return run_server(cfg)

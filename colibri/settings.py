@@ -107,9 +107,13 @@ MAX_REQUESTS = Setting("max_requests", "--max-requests", "COLI_MAX_REQUESTS", 25
                        "instead of a slow pile-up")
 KEEP_ALIVE = Setting("keep_alive", "--keep-alive", "COLI_KEEP_ALIVE", 15.0, float,
                      "seconds an idle keep-alive connection stays open")
+WRITE_TIMEOUT = Setting("write_timeout", "--write-timeout", "COLI_WRITE_TIMEOUT", 30.0, float,
+                        "seconds a connection may go without the client taking any of what was sent "
+                        "(a stream it stopped reading): then it is closed, its request cancelled and "
+                        "its KV slot freed (the kernel's TCP_USER_TIMEOUT, Linux)")
 DRAIN_TIMEOUT = Setting("drain_timeout", "--drain-timeout", "COLI_DRAIN_TIMEOUT", 600.0, float,
                         "seconds generations in flight may take to finish after SIGTERM")
-HTTP_LIMITS = (MAX_BODY_MB, BODY_TIMEOUT, MAX_REQUESTS, KEEP_ALIVE, DRAIN_TIMEOUT)
+HTTP_LIMITS = (MAX_BODY_MB, BODY_TIMEOUT, MAX_REQUESTS, KEEP_ALIVE, WRITE_TIMEOUT, DRAIN_TIMEOUT)
 
 # The web console is plain static files inside the package (no build step: package data, see
 # pyproject.toml), so every install serves it; --web-dist serves another directory instead, and one

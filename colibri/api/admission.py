@@ -70,9 +70,11 @@ class SlotLease:
 
     def __init__(self, slot: int, waited: float, hold: AsyncExitStack, prefix_hit: bool = False) -> None:
         self.slot, self.waited, self._hold, self.prefix_hit = slot, waited, hold, prefix_hit
+        self.released = False
 
     async def release(self) -> None:
         """Give the slot back; shielded, so a cancelled caller cannot leak it. Idempotent."""
+        self.released = True
         with trio.CancelScope(shield=True):
             await self._hold.aclose()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from functools import partial
@@ -22,7 +23,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
 
 from colibri import settings
-from colibri.api import sdnotify
+from colibri.api import sdnotify, serving
 from colibri.api.admission import MIN_PREFIX_SHARE, Admission
 from colibri.api.affinity import default_replica_id
 from colibri.api.app import BODY_TIMEOUT_S, MAX_BODY, create_app
@@ -37,6 +38,7 @@ from colibri.state_files import check_state_dir
 # The defaults of --max-requests, --keep-alive and --drain-timeout (reasons: colibri/settings.py).
 MAX_CONCURRENT_REQUESTS = settings.MAX_REQUESTS.default
 KEEP_ALIVE_S = settings.KEEP_ALIVE.default
+WRITE_TIMEOUT_S = settings.WRITE_TIMEOUT.default
 DRAIN_TIMEOUT_S = settings.DRAIN_TIMEOUT.default
 DRAIN_POLL_S = 0.05  # how often the drain looks at admission: a stop a client barely notices
 # Seconds for the engine to persist its slots and exit after EOF: a few slot files to write.
@@ -72,6 +74,7 @@ class ServeConfig:
     body_timeout_s: float = BODY_TIMEOUT_S
     max_requests: int = MAX_CONCURRENT_REQUESTS
     keep_alive_s: float = KEEP_ALIVE_S
+    write_timeout_s: float = WRITE_TIMEOUT_S
     drain_timeout_s: float = DRAIN_TIMEOUT_S
     prefix_share: float = MIN_PREFIX_SHARE
     replica_id: str | None = None  # None: the bound host:port
@@ -80,10 +83,12 @@ class ServeConfig:
 class ConcurrencyLimit:
     """ASGI middleware, the first to see a request's raw headers: a request framed by both
     Content-Length and Transfer-Encoding gets 400 and its connection closed (request smuggling);
-    at most ``limit`` HTTP requests in progress, the rest get 503 at once."""
+    at most ``limit`` HTTP requests in progress, the rest get 503 at once. The parent of every
+    request's task: what a request leaves held when it ends is released here
+    (``serving.release_leftovers``)."""
 
-    def __init__(self, app: ASGIFramework, limit: int) -> None:
-        self.app, self.limit, self.active = app, limit, 0
+    def __init__(self, app: ASGIFramework, limit: int, state: ServerState | None = None) -> None:
+        self.app, self.limit, self.active, self.state = app, limit, 0, state
 
     async def __call__(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         if scope["type"] != "http":
@@ -95,10 +100,13 @@ class ConcurrencyLimit:
         if self.active >= self.limit:
             return await _answer(send, 503, _OVERLOADED, (b"retry-after", b"1"))
         self.active += 1
+        scope = {**scope, serving.LEFTOVER_LEASES: []}
         try:
             await self.app(scope, receive, _shield_last_send(send))
         finally:
             self.active -= 1
+            with trio.CancelScope(shield=True):
+                await serving.release_leftovers(scope, self.state)
 
 
 async def _discard_body(receive: ASGIReceiveCallable) -> None:
@@ -179,8 +187,37 @@ def _engine(cfg: ServeConfig, n_ctx: int) -> EngineClient:
     return EngineClient(engine_args, {**os.environ, "SERVE_TOPK": "1", "SERVE_PERF": "1", "SERVE_BATCH": "1"})
 
 
+class _WriteTimeoutConfig(Config):
+    """hypercorn's configuration, its listening sockets carrying the write timeout.
+
+    hypercorn sends with no timeout (shielded: nothing above it can cut a send short), so a client
+    that stops reading would hold its request, and its KV slot, for ever. Accepted sockets inherit
+    TCP_USER_TIMEOUT from the listener; with it the kernel resets a connection whose peer has taken
+    nothing of what was sent (its window closed, or gone) for that long, the send fails, hypercorn
+    reports the connection closed, quart-trio cancels the request, and serving's clean-up frees the
+    slot. A client reading slowly keeps its connection: any progress restarts the clock."""
+
+    write_timeout_s: float = WRITE_TIMEOUT_S
+
+    def create_sockets(self):  # noqa: ANN201 (hypercorn's Sockets)
+        sockets = super().create_sockets()
+        for sock in (*sockets.secure_sockets, *sockets.insecure_sockets):
+            set_write_timeout(sock, self.write_timeout_s)
+        return sockets
+
+
+def set_write_timeout(sock: socket.socket, seconds: float) -> bool:
+    """TCP_USER_TIMEOUT on a TCP socket; False where the system has none (then no write timeout)."""
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(seconds * 1000)))
+    return True
+
+
 def _hypercorn_config(cfg: ServeConfig) -> Config:
-    hconfig = Config()
+    hconfig = _WriteTimeoutConfig()
+    hconfig.write_timeout_s = cfg.write_timeout_s
     hconfig.bind = [f"[{cfg.host}]:{cfg.port}" if ":" in cfg.host else f"{cfg.host}:{cfg.port}"]
     hconfig.accesslog = None
     hconfig.keep_alive_timeout = cfg.keep_alive_s
@@ -206,7 +243,7 @@ async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
         atlas_path=cfg.state_dir / settings.ATLAS_FILE if cfg.state_dir else None,
         block_types=tuple(sorted({t.gtype.name for t in text.gguf.tensors.values()})),
     )
-    app = ConcurrencyLimit(create_app(state, cfg.max_body, cfg.body_timeout_s), cfg.max_requests)
+    app = ConcurrencyLimit(create_app(state, cfg.max_body, cfg.body_timeout_s), cfg.max_requests, state)
     hconfig = _hypercorn_config(cfg)
     stop = trio.Event()
     async with trio.open_nursery() as nursery:

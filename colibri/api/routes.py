@@ -192,6 +192,7 @@ async def generate() -> Response:
         return error_response(e)
     headers = {QUEUE_WAIT_HEADER: str(int(lease.waited * 1000))}
     if gen.stream:
+        serving.release_at_exit(request.scope, lease)  # if the client leaves before the body starts
         return Response(serving.answer_sse(state, served, lease), mimetype=SSE_MIMETYPE,
                         headers={**headers, **SSE_HEADERS})
     try:

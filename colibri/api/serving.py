@@ -12,7 +12,11 @@ not hold a nursery across a ``yield``.
 ``_served``'s ``finally`` is the one clean-up point, whatever ended the request (the answer's end, a
 failure, the client gone): the engine is told to CANCEL what still runs and has let go of the slot
 before the slot is released (a slot handed on earlier would still be the engine's: SLOT_BUSY), then
-the request is counted, once, by how it ended (``count``, which every count goes through).
+the request is counted, once, by how it ended (``count``, which every count goes through). A client
+gone between the route's return and the stream's first frame leaves a body Quart never starts, so
+its ``finally`` never runs: ``release_at_exit`` puts the lease in the request's ASGI scope too, and
+the server's outermost middleware releases what is left there when the request's task ends
+(``release_leftovers``; a lease's release is idempotent).
 """
 
 from __future__ import annotations
@@ -70,6 +74,26 @@ async def tokenize(state: ServerState, gen: Generation) -> None:
         gen.prompt_ids = tuple(await trio.to_thread.run_sync(state.encode, gen))
         if len(gen.prompt_ids) > state.n_ctx:
             raise openai_errors.context_length_exceeded(len(gen.prompt_ids), state.n_ctx, gen.prompt_field)
+
+
+# The ASGI scope key under which a request's leases wait for ``release_leftovers``.
+LEFTOVER_LEASES = "colibri.leases"
+
+
+def release_at_exit(scope: dict[str, Any], lease: SlotLease) -> None:
+    """Have the server's middleware release ``lease`` when the request ends, whatever its body did
+    (no-op without that middleware: a test app)."""
+    leases = scope.get(LEFTOVER_LEASES)
+    if leases is not None:
+        leases.append(lease)
+
+
+async def release_leftovers(scope: dict[str, Any], state: ServerState | None = None) -> None:
+    """The leases a request still holds when its task has ended: its stream never started."""
+    for lease in scope.get(LEFTOVER_LEASES, ()):
+        if not lease.released and state is not None:
+            count(state, None, None, "cancelled")  # the client left before the first frame
+        await lease.release()
 
 
 async def admit(state: ServerState, gen: Generation) -> SlotLease:
