@@ -166,14 +166,15 @@ def _first(group: BaseExceptionGroup) -> BaseException:
     return _first(inner) if isinstance(inner, BaseExceptionGroup) else inner
 
 
-def prompt_ids(text: ModelText, gen: Generation) -> list[int]:
+def prompt_ids(text: ModelText, gen: Generation, limit: int | None = None) -> list[int]:
     """A request's prompt by the trust rule: for chat, the template's markup with its control
     tokens and the messages as plain text (and the tools, for a template that takes them); for a
-    completion, the client's text, plain."""
+    completion, the client's text, plain. ``limit``: a prompt that cannot fit in that many tokens,
+    by its length, raises ``TooManyTokens`` untokenized."""
     if gen.kind == "chat":
         tools = gen.tools.template_tools if gen.tools is not None else None
-        return text.encode_chat(gen.messages, gen.enable_thinking, tools)
-    return text.encode_text(gen.prompt)
+        return text.encode_chat(gen.messages, gen.enable_thinking, tools, limit)
+    return text.encode_text(gen.prompt, limit)
 
 
 def _engine(cfg: ServeConfig, n_ctx: int) -> EngineClient:

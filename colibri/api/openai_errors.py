@@ -74,14 +74,16 @@ def model_not_found(model: str) -> ApiError:
     return ApiError(404, f"model {model!r} not found", "model", code="model_not_found")
 
 
-def context_length_exceeded(used: int, limit: int, param: str) -> ApiError:
+def context_length_exceeded(used: int, limit: int, param: str, at_least: bool = False) -> ApiError:
     """OpenAI's own wording, word for word: clients recognise the overflow by it (litellm's
     ContextWindowExceededError, LangChain's), not only by the code. ``param``: "messages" (chat) or
-    "prompt" (legacy completions), the thing the client is told to shorten."""
+    "prompt" (legacy completions), the thing the client is told to shorten. ``at_least``: ``used``
+    is a bound from the text's length (a prompt refused untokenized)."""
+    count = f"at least {used}" if at_least else str(used)
     return ApiError(
         400,
         f"This model's maximum context length is {limit} tokens. However, your {param} resulted in "
-        f"{used} tokens. Please reduce the length of the {param}.",
+        f"{count} tokens. Please reduce the length of the {param}.",
         param,
         code="context_length_exceeded",
     )

@@ -40,8 +40,9 @@ class ServerState:
     atlas_path: Path | None = None  # experts.json that ``coli atlas`` wrote, published at /atlas
     block_types: tuple[str, ...] = ()  # the model file's tensor block formats, for the console
     # A request's prompt as token ids, by the trust rule (``ModelText.encode_chat``/``encode_text``);
-    # None: the engine tokenizes the rendered text (a unit test's scripted engine).
-    encode: Callable[[Generation], list[int]] | None = None
+    # None: the engine tokenizes the rendered text (a unit test's scripted engine). Its second
+    # argument, the context: a prompt that cannot fit raises ``TooManyTokens`` untokenized.
+    encode: Callable[[Generation, int], list[int]] | None = None
     replica_id: str = ""  # x-colibri-replica and /health: --replica-id, else the bound host:port
     draining: bool = False  # SIGTERM came: new generations get 503 while those in flight finish
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))

@@ -43,6 +43,7 @@ from colibri.api.responses_shapes import ResponsesShaper
 from colibri.api.server_state import ServerState
 from colibri.api.shaping import Answer, Shaper
 from colibri.api.tools import split_output
+from colibri.model.tokenizer import TooManyTokens
 
 Served = Generation | ResponsesRequest  # what an endpoint's parser makes of a body
 
@@ -70,10 +71,15 @@ def count(state: ServerState, endpoint: str | None, status: int | None, ended: s
 
 async def tokenize(state: ServerState, gen: Generation) -> None:
     """The prompt's ids, checked against the context before admission (and any header)."""
-    if state.encode is not None:  # off the event loop: a prompt may be megabytes of text
-        gen.prompt_ids = tuple(await trio.to_thread.run_sync(state.encode, gen))
-        if len(gen.prompt_ids) > state.n_ctx:
-            raise openai_errors.context_length_exceeded(len(gen.prompt_ids), state.n_ctx, gen.prompt_field)
+    if state.encode is None:
+        return
+    try:  # off the event loop (the tokenizer lets go of the GIL): a prompt may be megabytes of text
+        gen.prompt_ids = tuple(await trio.to_thread.run_sync(state.encode, gen, state.n_ctx))
+    except TooManyTokens as e:  # too long by its length alone: refused untokenized
+        raise openai_errors.context_length_exceeded(e.at_least, state.n_ctx, gen.prompt_field,
+                                                    at_least=True) from None
+    if len(gen.prompt_ids) > state.n_ctx:
+        raise openai_errors.context_length_exceeded(len(gen.prompt_ids), state.n_ctx, gen.prompt_field)
 
 
 # The ASGI scope key under which a request's leases wait for ``release_leftovers``.

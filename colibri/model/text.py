@@ -156,21 +156,21 @@ class ModelText:
                 skip -= 1
         return []
 
-    def encode_segments(self, segments: list[Segment]) -> list[int]:
+    def encode_segments(self, segments: list[Segment], limit: int | None = None) -> list[int]:
         """The one way from rendered segments to ids, for every front end: markup with control
         tokens recognised, client text as plain text; one prompt (SentencePiece's space prefix at
-        its start only)."""
-        return self.tokenizer.encode_segments((seg.text, seg.markup) for seg in segments)
+        its start only). ``limit``: ``TooManyTokens`` for a text too long to fit, untokenized."""
+        return self.tokenizer.encode_segments(((seg.text, seg.markup) for seg in segments), limit=limit)
 
     def encode_chat(
         self, messages: list[dict[str, Any]], enable_thinking: bool = False,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None, limit: int | None = None,
     ) -> list[int]:
         """Token ids of the chat prompt: the template's markup may hold control tokens, the
         messages' content never does."""
-        return self.encode_segments(self.render_segments(messages, enable_thinking, tools))
+        return self.encode_segments(self.render_segments(messages, enable_thinking, tools), limit)
 
-    def encode_text(self, text: str) -> list[int]:
+    def encode_text(self, text: str, limit: int | None = None) -> list[int]:
         """Token ids of a client's raw text (``/v1/completions``): data, no control tokens; BOS
         first when the file asks for it (Llama-2, Mistral), as llama.cpp's server adds it."""
-        return self.tokenizer.encode(text, special=False, add_special=True)
+        return self.tokenizer.encode_segments([(text, False)], add_special=True, limit=limit)

@@ -77,6 +77,14 @@ def _unicode_to_byte() -> dict[str, int]:
     return table
 
 
+class TooManyTokens(ValueError):
+    """A text longer than a limit allows, known from its length before it was tokenized."""
+
+    def __init__(self, at_least: int, limit: int) -> None:
+        super().__init__(f"at least {at_least} tokens, over the limit of {limit}")
+        self.at_least, self.limit = at_least, limit
+
+
 class GGUFTokenizer:
     """The file's vocabulary: ``encode`` text to ids, ids back to bytes, the ids that end a turn."""
 
@@ -135,6 +143,11 @@ class GGUFTokenizer:
         value = gguf.get(f"tokenizer.ggml.{name}_token_id", default)
         return int(value) if value is not None and 0 <= int(value) < len(self.tokens) else default
 
+    def least_tokens(self, chars: int) -> int:
+        """The fewest tokens a text of ``chars`` characters can be: no token stands for more than
+        ``max_token_bytes`` bytes, and a character is at least one byte."""
+        return -(-chars // self.max_token_bytes)
+
     @property
     def n_vocab(self) -> int:
         return len(self.tokens)
@@ -144,10 +157,18 @@ class GGUFTokenizer:
         with ``add_special``, BOS and EOS as the file's add_bos/add_eos flags say (llama.cpp's)."""
         return self.encode_segments([(text, special)], add_special)
 
-    def encode_segments(self, segments: Iterable[tuple[str, bool]], add_special: bool = False) -> list[int]:
+    def encode_segments(self, segments: Iterable[tuple[str, bool]], add_special: bool = False,
+                        limit: int | None = None) -> list[int]:
         """Token ids of texts that follow each other, each with its own ``special`` flag: a
         segment boundary is a token boundary. One prompt: SentencePiece's space prefix goes at
-        its start and after special tokens, not in front of every segment."""
+        its start and after special tokens, not in front of every segment. ``limit``: the most
+        tokens wanted; a text that cannot fit, by its length alone, raises ``TooManyTokens``
+        before any of it is tokenized (megabytes of text would hold a core for seconds)."""
+        segments = list(segments)
+        if limit is not None:
+            least = self.least_tokens(sum(len(text) for text, _ in segments))
+            if least > limit:
+                raise TooManyTokens(least, limit)
         ids: list[int] = []
         if add_special and self.add_bos and self.bos_id is not None:
             ids.append(self.bos_id)
@@ -160,7 +181,9 @@ class GGUFTokenizer:
                 assert self._tok is not None
                 with self._tok_lock:
                     self._tok.encode_special_tokens = not special
-                    ids += self._tok.encode(text, add_special_tokens=False).ids
+                    # encode_batch lets go of the GIL while it works (encode does not): a long
+                    # prompt tokenized on a worker thread leaves the event loop running.
+                    ids += self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         if add_special and self.add_eos and self.eos_id is not None:
             ids.append(self.eos_id)
         return ids
