@@ -2,7 +2,7 @@
 
 One row of logits (the vocabulary) per sequence: the weights in numpy, the truncations and the
 draw compiled (``kernels.draw``), so that sampling stays cheap next to the forward step on a
-vocabulary of 150k tokens too.
+vocabulary of 150k tokens too. The parameters and the ranges they are held to: ``sampling_params``.
 """
 
 from __future__ import annotations
@@ -10,42 +10,23 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from colibri.model.kernels.draw import draw
 from colibri.model.kernels.ops import best_and_log_z
+from colibri.model.sampling_params import (
+    REPETITION_PENALTY_MAX,
+    REPETITION_PENALTY_MIN,
+    REPETITION_WINDOW,
+    SamplingParams,
+)
+
+__all__ = ["REPETITION_PENALTY_MAX", "REPETITION_PENALTY_MIN", "REPETITION_WINDOW", "Sampler",
+           "SamplingParams", "load_kernels", "top_candidates"]
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)
-# Tokens looked back on by the repetition penalty (llama.cpp's penalty_last_n default).
-REPETITION_WINDOW = 64
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_k: int = 0  # 0: no limit
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    repeat_window: int = REPETITION_WINDOW  # the recent tokens the penalty looks at
-
-    def validate(self) -> None:
-        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not self.repetition_penalty > 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.repeat_window < 0:
-            raise ValueError(f"repeat_window must be >= 0, got {self.repeat_window}")
 
 
 class Sampler:
@@ -71,7 +52,7 @@ class Sampler:
         if inv_t > _FLOAT32_MAX:  # T below float32's range: anything but the peak has odds 0
             return int(np.argmax(logits))
         peak = logits.max()  # NaN if any logit is
-        if not np.isfinite(peak):
+        if not np.isfinite(peak):  # a model gone bad: the engine ends this request, not the others
             raise ValueError(f"logits without a finite peak ({peak}): nothing to sample from")
         # Above float32's range a temperature makes every finite logit equally likely; a 1/T of 0
         # would make a -inf logit's weight NaN (-inf * 0), the smallest normal keeps it 0.
