@@ -46,6 +46,10 @@ def kv_type_name(kv_type: str) -> str:
     return kv_type
 
 
+class KVBoundsError(ValueError):
+    """Rows that would be written outside the cache: a caller's bug, caught before any kernel runs."""
+
+
 class KVCache:
     def __init__(self, hp: HParams, n_slots: int, n_ctx: int, kv_type: str = DEFAULT_KV_TYPE) -> None:
         shape = (n_slots, hp.n_layers, n_ctx, hp.n_kv_heads, hp.head_dim)
@@ -59,3 +63,17 @@ class KVCache:
         """One slot's K and V as arrays of the cache's type ([n_layers, n_ctx, n_kv_heads,
         head_dim]): what persistence writes and fills."""
         return self.k[index].view(self.dtype), self.v[index].view(self.dtype)
+
+    def check_rows(self, slots: np.ndarray, positions: np.ndarray) -> None:
+        """KVBoundsError unless every row's slot and position lie inside the cache. The callers that
+        feed rows (the engine's step, the Channel's extend and probe) call it before the forward
+        pass, so that a bad row is refused with its slot and position named; ``store_kv`` checks
+        the rows again as the last line (an IndexError with no such detail)."""
+        slots, positions = np.asarray(slots).reshape(-1), np.asarray(positions).reshape(-1)
+        if slots.shape != positions.shape:
+            raise KVBoundsError(f"{slots.size} slots for {positions.size} positions")
+        bad = (slots < 0) | (slots >= self.n_slots) | (positions < 0) | (positions >= self.n_ctx)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise KVBoundsError(f"row {i}: slot {int(slots[i])}, position {int(positions[i])} is outside the "
+                                f"KV cache of {self.n_slots} slots x {self.n_ctx} positions")

@@ -25,7 +25,21 @@ def store_kv(
     layer: int, slots: np.ndarray, positions: np.ndarray, n_kv: int, head_dim: int,
 ) -> None:
     """Write the step's keys and values (T, n_kv * head_dim, float32) into their slots' caches, in
-    the caches' type."""
+    the caches' type.
+
+    Every row's slot and position, and the layer, are checked against the cache before anything is
+    written, in every build: numba indexes without bounds checks, and a position past ``--ctx``
+    writes into the next layer's rows, another slot's, or past the mapping (a segfault). The
+    check is one comparison per row beside its n_kv * head_dim stores. It is not a debug switch (an
+    environment variable, numba's ``boundscheck``): compiled code is cached by its sources' hash
+    (``colibri/__init__.py``), not by options or globals, so a switch would silently load
+    whichever build was cached first. Callers check the rows first with a message that names
+    them (``KVCache.check_rows``); this IndexError is the last line."""
+    if layer < 0 or layer >= k_cache.shape[1]:
+        raise IndexError("store_kv: the layer is outside the KV cache")
+    for t in range(k.shape[0]):
+        if not (0 <= slots[t] < k_cache.shape[0] and 0 <= positions[t] < k_cache.shape[2]):
+            raise IndexError("store_kv: a row's slot or position is outside the KV cache")
     for t in range(k.shape[0]):
         s, p = slots[t], positions[t]
         for h in range(n_kv):
