@@ -39,8 +39,9 @@ from colibri.sched.requests import Emit, Request, Slot
 HITS_EVERY_TOKENS = 6  # the spec's "~every 6 tokens": a live routing picture without flooding the pipe
 
 T = TypeVar("T")
-# A sampled token and, with TOPK on, its candidates; None for a request mid-prompt.
-Choice = tuple[int, tuple[tuple[float, bytes], ...] | None] | None
+# A sampled token and, with TOPK on, its candidates; None for a request mid-prompt; a str: why its
+# sampling failed (the request ends with an ERROR, the step's other requests go on).
+Choice = tuple[int, tuple[tuple[float, bytes], ...] | None] | str | None
 
 
 class Engine:
@@ -120,8 +121,15 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
 
-    def check(self, sub: Submit) -> Error | None:
-        """The checks a SUBMIT must pass before it gets a task (cheap, on the reader's path)."""
+    def check(self, sub: Submit, sampling: SamplingParams | None = None) -> Error | None:
+        """The checks a SUBMIT must pass before it gets a task (cheap, on the reader's path), its
+        sampling (``sampling``, or the SUBMIT's own fields) held to ``SamplingParams.validate``: the
+        one check of every protocol's values, whatever its reader let through."""
+        try:
+            _sampling(sub, sampling).validate()
+        except ValueError as e:
+            warn(f"request {sub.id}: {e}")
+            return Error(sub.id, ErrorCode.BAD_REQUEST)
         if sub.id in self.requests:
             return Error(sub.id, ErrorCode.DUPLICATE_ID)
         if sub.slot >= len(self.slots):
@@ -138,9 +146,8 @@ class Engine:
     def start(self, sub: Submit, nursery: trio.Nursery, emit: Emit,
               sampling: SamplingParams | None = None) -> Request:
         """Register an accepted SUBMIT and start its task in ``nursery``; its events go to ``emit``."""
-        params = sampling or SamplingParams(temperature=sub.temperature, top_p=sub.top_p, seed=sub.seed)
         slot = self.slots[sub.slot]
-        req = Request(sub.id, slot, sub, Sampler(params), emit, self.tokenizer.stream())
+        req = Request(sub.id, slot, sub, Sampler(_sampling(sub, sampling)), emit, self.tokenizer.stream())
         slot.owner = req
         self.requests[sub.id] = req
         self.idle = trio.Event()
@@ -178,6 +185,10 @@ class Engine:
                 with trio.CancelScope(shield=True):
                     await self.persist_slot(req.slot)
                     await req.emit(Error(req.id, ErrorCode.CANCELLED))
+            elif req.failure is not None:
+                with trio.CancelScope(shield=True):  # the tokens fed so far are the slot's, as at a DONE
+                    await self.persist_slot(req.slot)
+                    await req.emit(req.failure)
             elif req.admitted:
                 with trio.CancelScope(shield=True):
                     await self._finish(req)
@@ -265,6 +276,11 @@ class Engine:
     def busy(self, slot: int) -> bool:
         return self.slots[slot].owner is not None
 
+    def forget(self, slot: int) -> None:
+        """An idle slot's next request reuses none of its history (another client's conversation)."""
+        assert not self.busy(slot), "forget a busy slot"
+        self.slots[slot].history.clear()
+
     async def exclusive(self, fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)`` on the compute thread between steps: a session's work on a slot outside
         any request (the Channel's probes, soft inputs, snapshots) sees no step half done."""
@@ -289,7 +305,11 @@ class Engine:
                     sampled = await self.run_model(self._compute, plan)
                     self._advance(plan, time.perf_counter() - t0)
                 for (req, _, logit_row), choice in zip(plan.shares, sampled, strict=True):
-                    if logit_row is not None and not req.cancelled and not req.finished.is_set():
+                    if logit_row is None or req.cancelled or req.finished.is_set():
+                        continue
+                    if isinstance(choice, str):
+                        self._fail(req, choice)
+                    else:
                         await self._accept(req, *choice)
                 for req in [r for r in self.active if r.stop_requested]:
                     self._end(req, limited=False)  # STOP: mid-prompt, or between tokens
@@ -309,11 +329,15 @@ class Engine:
                 req.t_prefill += seconds
 
     def _compute(self, plan: StepPlan) -> list[Choice]:
-        """The forward step and the sampling, in a worker thread."""
+        """The forward step and the sampling, in a worker thread. The rows are inside the cache by
+        construction (a prompt fits ``n_ctx``, a turn ends when its slot is full); checked here all
+        the same, as every caller of the forward pass does, so a bug is an error and not a write
+        into another layer's K/V."""
+        slots, positions = np.asarray(plan.slots, np.int64), np.asarray(plan.positions, np.int64)
+        self.kv.check_rows(slots, positions)
         logits = self.model.forward(
-            np.asarray(plan.tokens, np.int64), np.asarray(plan.slots, np.int64),
-            np.asarray(plan.positions, np.int64), self.kv, np.asarray(plan.logit_rows, np.int64),
-            plan.n_direct,
+            np.asarray(plan.tokens, np.int64), slots, positions, self.kv,
+            np.asarray(plan.logit_rows, np.int64), plan.n_direct,
         )
         out: list[Choice] = []
         i = 0
@@ -325,7 +349,11 @@ class Engine:
             i += 1
             window = req.sampler.params.repeat_window
             recent = (req.slot.history[-window:] if window else []) + req.todo[:n]
-            token = self._sample(req, row, recent) if req.constraint else req.sampler(row, recent)
+            try:
+                token = self._sample(req, row, recent) if req.constraint else req.sampler(row, recent)
+            except ValueError as e:  # logits with no finite peak (a model gone bad): this request only
+                out.append(str(e))
+                continue
             out.append((token, self._topk(row, token) if self.topk else None))
         return out
 
@@ -367,11 +395,23 @@ class Engine:
             return self._end(req, limited=False)
         req.todo = [token]
 
+    def _fail(self, req: Request, reason: str) -> None:
+        """The request's sampling failed: it ends with ERROR BAD_REQUEST (the protocols' codes have no
+        other for it), the reason on stderr; the engine and the step's other requests go on."""
+        warn(f"request {req.id}: sampling failed: {reason}")
+        req.failure = Error(req.id, ErrorCode.BAD_REQUEST)
+        self._end(req, limited=False)
+
     def _end(self, req: Request, limited: bool) -> None:
         req.length_limited = limited
         req.todo = []
         self._deactivate(req)
         req.finished.set()
+
+
+def _sampling(sub: Submit, sampling: SamplingParams | None) -> SamplingParams:
+    """A request's sampling: its session's (the Channel's SET_CONFIG), or the SUBMIT's fields."""
+    return sampling or SamplingParams(temperature=sub.temperature, top_p=sub.top_p, seed=sub.seed)
 
 
 def warn(message: str) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from colibri.io.events import Submit
+from colibri.io.events import Error, Submit
 from colibri.model.grammar import Constraint
 from colibri.model.interface import StoreCounters
 from colibri.model.sampling import Sampler
@@ -54,3 +54,4 @@ class Request:
     constraint: Constraint | None = None  # the SUBMIT's grammar, if it had one
     stop_requested: bool = False  # STOP: end with a normal DONE at the next step boundary
     forwards: int = 0  # forward steps this request had rows in (PROF)
+    failure: Error | None = None  # why it ended in the step loop (its sampling failed): its ERROR
