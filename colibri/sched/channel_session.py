@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import trio
@@ -24,7 +25,6 @@ from colibri.io import channel
 from colibri.io import channel_frames as cf
 from colibri.io.events import Data, Done, Error, Submit
 from colibri.model.grammar import GrammarError, compile_grammar
-from colibri.model.sampling import SamplingParams
 from colibri.sched import channel_slot
 from colibri.sched.channel_tools import CALL_CLOSE, CALL_OPEN, Tools
 from colibri.sched.channel_turns import Config, Turn, TurnRenderer
@@ -48,7 +48,6 @@ class ChannelSession:
                  memory: EpisodicMemory) -> None:
         self.engine, self.out, self.work, self.memory = engine, out, work, memory
         self.turns = TurnRenderer(engine.model.text)
-        self.tok = engine.tokenizer
         self.config = Config()
         self.tools = Tools(None)  # SET_SYSTEM's instructions and tools
         self.context: list[int] = list(engine.slots[SLOT].history)  # restored with the slot
@@ -138,28 +137,10 @@ class ChannelSession:
         tool_mode = self.tools.mode if not direct else "none"
         if tool_mode == "required":
             reason = False  # the call's grammar leaves no room for a reasoning block
-        embeds = None
-        if inp.data_type == cf.DataType.TEXT:
-            text = inp.text()
-            if direct:
-                body, user = self.turns.markup(text), text
-            else:
-                body, user = self.turns.plain(text), text
-        elif inp.data_type == cf.DataType.TOKENS:
-            body = list(inp.token_ids())
-            if any(t >= self.engine.model.hp.n_vocab for t in body):
-                return await self.error(msg_id, MALFORMED, "a token id outside the vocabulary")
-            user = self.tok.decode(body)
-        elif inp.data_type == cf.DataType.EMBEDDINGS:
-            embeds = channel_slot.soft_rows(inp.data, self.engine.model.hp.n_embd)
-            if isinstance(embeds, str):
-                return await self.error(msg_id, cf.ErrorCode.MALFORMED_PAYLOAD, embeds)
-            body, user = [], f"[{len(embeds)} soft rows]"
-        else:
-            return await self.error(msg_id, cf.ErrorCode.UNSUPPORTED_DATA_TYPE,
-                                    f"data type {inp.data_type} needs an encoder this model lacks")
-        if not body and embeds is None:
-            return await self.error(msg_id, cf.ErrorCode.MALFORMED_PAYLOAD, "an empty input")
+        content = self.turns.content(inp, direct, self.engine.model.hp.n_vocab, self.engine.model.hp.n_embd)
+        if isinstance(content, cf.Error):
+            return await self.send(msg_id, content)
+        body, user, embeds = content
         if direct:
             before, after = [], []
         else:
@@ -170,9 +151,8 @@ class ChannelSession:
         else:
             reason = False
         n_soft = 0 if embeds is None else len(embeds)
-        if len(self.context) + len(before) + len(body) + n_soft + len(after) >= self.engine.n_ctx:
-            return await self.error(msg_id, cf.ErrorCode.MALFORMED_PAYLOAD,
-                                    f"the input does not fit the context of {self.engine.n_ctx} tokens")
+        if not await self._fits(msg_id, len(before) + len(body) + n_soft + len(after), "the input"):
+            return
         self.messages.append({"role": "user", "content": user})
         if embeds is not None:
             await self.status(msg_id, cf.EngineStatus.ENCODING)
@@ -189,15 +169,21 @@ class ChannelSession:
         self._start(Turn(msg_id, user, reason, tool_mode))
 
     async def _tool_return(self, msg_id: int, ret: cf.ToolReturn) -> None:
+        """The result as the template's tool message; one that does not fit leaves the call waiting."""
         try:
-            name = self.calls.pop(int(ret.call_id))
+            call_id = int(ret.call_id)
+            name = self.calls[call_id]
         except (ValueError, KeyError):
             return await self.error(msg_id, cf.ErrorCode.MALFORMED_PAYLOAD,
                                     f"no tool call {ret.call_id!r} is waiting for its result")
         content = json.dumps({"name": name, "error" if ret.is_error else "result": ret.result},
                              ensure_ascii=False)
         framed = self.turns.user_turn(self.prev_role, None, role="tool")
-        self.context += framed.before + self.turns.plain(content) + framed.after
+        added = framed.before + self.turns.plain(content) + framed.after
+        if not await self._fits(msg_id, len(added), f"the result of tool call {call_id}"):
+            return
+        del self.calls[call_id]
+        self.context += added
         self.messages.append({"role": "tool", "content": content})
         self._start(Turn(msg_id, content, False, "auto" if self.tools.tools else "none"))
 
@@ -205,10 +191,13 @@ class ChannelSession:
         turn = self.yielded
         if turn is None:
             return await self.error(msg_id, cf.ErrorCode.MALFORMED_PAYLOAD, "no yielded turn to resume")
-        self.yielded = None
         if res.action == cf.RESUME_CLOSE_THOUGHT and turn.in_thought:
-            self.context += self.turns.markup(THINK_CLOSE)
+            close = self.turns.markup(THINK_CLOSE)
+            if not await self._fits(msg_id, len(close), "closing the reasoning block"):
+                return  # still yielded: RESUME CONTINUE or ABORT
+            self.context += close
             turn.in_thought = False
+        self.yielded = None
         turn.msg_id, turn.ending, turn.since_yield = msg_id, None, 0
         self._start(turn)
 
@@ -226,10 +215,12 @@ class ChannelSession:
                 done = await self._generate(turn)
                 if done is None:
                     return  # an error frame went out; the turn is over
-                if turn.ending == "close":
-                    self.context += self.turns.markup(THINK_CLOSE)
+                if turn.ending == "close" and len(close := self.turns.markup(THINK_CLOSE)) <= self._room():
+                    self.context += close
                     turn.in_thought, turn.ending = False, None
                     continue
+                if turn.ending == "close":  # no room left to close the block: the context is spent
+                    done, turn.ending = replace(done, length_limited=True), None
                 break
             await self._complete(turn, done)
         finally:
@@ -237,11 +228,14 @@ class ChannelSession:
             self.running.set()
 
     async def _generate(self, turn: Turn) -> Done | None:
-        """One engine request over the context; its DONE, or None after an ERROR frame."""
-        remaining = max(0, self.config.frame.max_tokens - turn.tokens)
+        """One engine request over the context; its DONE, or None after an ERROR frame. It asks for
+        no more tokens than the context has room for (with none left: a DONE at its limit)."""
+        remaining = min(self.config.frame.max_tokens - turn.tokens, self._room())
         rid = self.next_request
         self.next_request += 1
         turn.request = rid
+        if remaining <= 0:
+            return Done(rid, 0, 0.0, 0.0, 0.0, len(self.context), True)
         grammar = self.tools.grammar() if turn.tool_mode == "required" and not turn.in_thought else None
         sub = Submit(rid, SLOT, remaining, self.config.frame.temperature, self.config.frame.top_p, "",
                      prompt_ids=tuple(self.context), grammar=grammar)
@@ -263,7 +257,7 @@ class ChannelSession:
                 outcome.append(event)
                 ended.set()
 
-        error = self.engine.check(sub)
+        error = self.engine.check(sub, self.config.sampling())
         if error is None:
             self.engine.start(sub, self.work, on_event, self.config.sampling())
             await ended.wait()
@@ -347,14 +341,12 @@ class ChannelSession:
     # ------------------------------------------------------------------ control
 
     async def _set_config(self, msg_id: int, cfg: cf.SetConfig) -> None:
+        config = Config(cfg)
         try:
-            SamplingParams(temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p, min_p=cfg.min_p,
-                           repetition_penalty=cfg.repeat_penalty, repeat_window=cfg.repeat_window).validate()
-            if cfg.max_tokens < 1:
-                raise ValueError("max_tokens must be >= 1")
+            config.check()
         except ValueError as e:
             return await self.error(msg_id, cf.ErrorCode.MALFORMED_PAYLOAD, str(e))
-        self.config = Config(cfg)  # the next turn's; a turn in progress keeps its own
+        self.config = config  # the next turn's; a turn in progress keeps its own
         await self.status(msg_id, self.state, self.turn)
 
     async def _abort(self, msg_id: int) -> None:
@@ -411,15 +403,26 @@ class ChannelSession:
     async def _sync_slot(self) -> None:
         await channel_slot.sync(self.engine, SLOT, self.context)
 
+    def _room(self) -> int:
+        """Tokens the context can still take: never more than the slot holds (``--ctx``)."""
+        return self.engine.n_ctx - len(self.context)
+
+    async def _fits(self, msg_id: int, n: int, what: str) -> bool:
+        """Whether ``n`` tokens more leave room for a reply's first token; if not, the ERROR that says
+        so (MALFORMED_PAYLOAD: the protocol's refusal of a request not valid now), nothing changed."""
+        if n < self._room():
+            return True
+        await self.error(msg_id, MALFORMED, f"{what} does not fit the context: {n} tokens, "
+                                            f"{max(self._room(), 0)} of {self.engine.n_ctx} left")
+        return False
+
     # ------------------------------------------------------------------ snapshots and memory
 
     async def _snapshot_save(self, msg_id: int, snap: cf.SnapshotSave) -> None:
-        await self._sync_slot()
-        meta = json.dumps({"stream_id": snap.stream_id, "messages": self.messages,
-                           "system": self.tools.system,
-                           "prev_role": self.prev_role, "calls": self.calls, "next_call": self.next_call},
-                          ensure_ascii=False).encode()
+        meta = channel_slot.meta_of((snap.stream_id, self.messages, self.tools.system, self.prev_role,
+                                     self.calls, self.next_call))
         try:
+            await self._sync_slot()  # KVBoundsError (a ValueError) if the context outgrew the slot: a bug
             await channel_slot.save_snapshot(self.engine, SLOT, Path(snap.path), meta)
         except (OSError, ValueError) as e:
             return await self.error(msg_id, cf.ErrorCode.SNAPSHOT_SAVE_FAILED, f"{snap.path}: {e}")
@@ -429,9 +432,7 @@ class ChannelSession:
     async def _snapshot_load(self, msg_id: int, snap: cf.SnapshotLoad) -> None:
         try:
             raw = await channel_slot.load_snapshot(self.engine, SLOT, Path(snap.path))
-            meta = json.loads(raw)
-            state = (str(meta["stream_id"]), list(meta["messages"]), meta["system"], meta["prev_role"],
-                     {int(k): str(v) for k, v in dict(meta["calls"]).items()}, int(meta["next_call"]))
+            state = channel_slot.state_of(raw)
         except SnapshotError as e:
             return await self.error(msg_id, cf.ErrorCode.SNAPSHOT_LOAD_FAILED, str(e))
         except (ValueError, KeyError, TypeError) as e:  # our own checksummed JSON: another build's

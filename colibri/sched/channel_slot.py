@@ -3,6 +3,7 @@ sampling, probes, snapshots. The core lends the slot between steps (``Engine.exc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +30,13 @@ def soft_rows(data: bytes, dim: int) -> np.ndarray | str:
 
 async def extend(engine: Engine, slot: int, tokens: list[int], embeds: np.ndarray | None = None) -> None:
     """Prefill ``tokens`` then the soft rows ``embeds`` ([rows, n_embd]) onto the slot's history
-    without sampling, in the engine's prefill chunks."""
+    without sampling, in the engine's prefill chunks. Rows that would pass the cache's end are
+    refused whole, before any is computed (KVBoundsError: the session checked its context)."""
     history = engine.slots[slot].history
 
     def run() -> None:
         soft = [SOFT_ROW_TOKEN] * (0 if embeds is None else len(embeds))
+        rows_at(engine, slot, len(history), len(tokens) + len(soft))
         for ids, rows in ((tokens, None), (soft, embeds)):
             for at in range(0, len(ids), engine.prefill_chunk):
                 part = ids[at : at + engine.prefill_chunk]
@@ -48,6 +51,11 @@ async def extend(engine: Engine, slot: int, tokens: list[int], embeds: np.ndarra
     await engine.exclusive(run)
 
 
+def rows_at(engine: Engine, slot: int, start: int, n: int) -> None:
+    """KVBoundsError unless ``n`` rows of ``slot`` from position ``start`` fit the cache."""
+    engine.kv.check_rows(np.full(n, slot, np.int64), np.arange(start, start + n, dtype=np.int64))
+
+
 async def sync(engine: Engine, slot: int, context: list[int]) -> None:
     """Feed the context's tail (the last sampled token) so the slot holds all of ``context``."""
     history = engine.slots[slot].history
@@ -59,9 +67,12 @@ async def sync(engine: Engine, slot: int, context: list[int]) -> None:
 
 async def probe(engine: Engine, slot: int, prompt: list[int], candidates: list[int],
                 max_decode: int) -> cf.AutonomicResult:
-    """PROBE_AUTONOMIC on ``slot`` (``probe.py``); the caller checked the room."""
-    return await engine.exclusive(run_probe, engine.model, engine.kv, slot, len(engine.slots[slot].history),
-                                  prompt, candidates, max_decode, engine.stop_ids)
+    """PROBE_AUTONOMIC on ``slot`` (``probe.py``); the caller checked the room (checked again here:
+    the prompt's rows and the micro-decode's, all but its last token fed)."""
+    start = len(engine.slots[slot].history)
+    rows_at(engine, slot, start, len(prompt) + max(max_decode, 1) - 1)
+    return await engine.exclusive(run_probe, engine.model, engine.kv, slot, start, prompt, candidates,
+                                  max_decode, engine.stop_ids)
 
 
 async def save_snapshot(engine: Engine, slot: int, path: Path, meta: bytes) -> None:
@@ -70,6 +81,23 @@ async def save_snapshot(engine: Engine, slot: int, path: Path, meta: bytes) -> N
     history = list(engine.slots[slot].history)
     await trio.to_thread.run_sync(lambda: persist.save_snapshot(
         path, history, *engine.kv.slot(slot), engine.model_fp, meta))
+
+
+# What a snapshot keeps of the session beside the slot: (stream id, messages, SET_SYSTEM's object,
+# the last role, tool calls waiting (id -> name), the next call id).
+SessionState = tuple[str, list, dict | None, str | None, dict[int, str], int]
+_STATE_KEYS = ("stream_id", "messages", "system", "prev_role", "calls", "next_call")
+
+
+def meta_of(state: SessionState) -> bytes:
+    return json.dumps(dict(zip(_STATE_KEYS, state, strict=True)), ensure_ascii=False).encode()
+
+
+def state_of(meta: bytes) -> SessionState:
+    """``meta_of``'s inverse; ValueError, KeyError or TypeError for metadata it did not write."""
+    m = json.loads(meta)
+    return (str(m["stream_id"]), list(m["messages"]), m["system"], m["prev_role"],
+            {int(k): str(v) for k, v in dict(m["calls"]).items()}, int(m["next_call"]))
 
 
 async def load_snapshot(engine: Engine, slot: int, path: Path) -> bytes:

@@ -9,13 +9,17 @@ the template's whole rendering (with its default system prompt where it has one)
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from colibri.io import channel_frames as cf
 from colibri.model.sampling import SamplingParams
 from colibri.model.text import ModelText, Segment
+from colibri.sched.channel_slot import soft_rows
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,32 @@ class TurnRenderer:
         """Our own markers (the reasoning block's, a host's DIRECT rendering): control tokens parsed."""
         return self.tok.encode(text, special=True)
 
+    def content(self, inp: cf.StreamInput, direct: bool, n_vocab: int,
+                n_embd: int) -> tuple[list[int], str, np.ndarray | None] | cf.Error:
+        """STREAM_INPUT's content: (its ids, the user's side as the memory records it, soft rows or
+        None), or the ERROR that refuses it."""
+        malformed = cf.ErrorCode.MALFORMED_PAYLOAD
+        embeds = None
+        if inp.data_type == cf.DataType.TEXT:
+            text = inp.text()
+            body, user = self.markup(text) if direct else self.plain(text), text
+        elif inp.data_type == cf.DataType.TOKENS:
+            body = list(inp.token_ids())
+            if any(t >= n_vocab for t in body):
+                return cf.Error(malformed, "a token id outside the vocabulary")
+            user = self.tok.decode(body)
+        elif inp.data_type == cf.DataType.EMBEDDINGS:
+            embeds = soft_rows(inp.data, n_embd)
+            if isinstance(embeds, str):
+                return cf.Error(malformed, embeds)
+            body, user = [], f"[{len(embeds)} soft rows]"
+        else:
+            return cf.Error(cf.ErrorCode.UNSUPPORTED_DATA_TYPE,
+                            f"data type {inp.data_type} needs an encoder this model lacks")
+        if not body and embeds is None:
+            return cf.Error(malformed, "an empty input")
+        return body, user, embeds
+
 
 @dataclass
 class Turn:
@@ -95,6 +125,21 @@ class Config:
     """SET_CONFIG as this engine applies it (the notes' defaults until the host sets it)."""
 
     frame: cf.SetConfig = field(default_factory=cf.SetConfig)
+
+    def check(self) -> None:
+        """ValueError naming the first field out of range: the sampling's by the one check every
+        protocol's values pass (``SamplingParams.validate``), then the Channel's own. The inactive
+        quiescence_threshold is held to a finite number >= 0 all the same: a config the engine
+        keeps is one it could act on."""
+        try:
+            self.sampling().validate()
+        except ValueError as e:  # named as on the wire
+            raise ValueError(str(e).replace("repetition_penalty", "repeat_penalty")) from None
+        if self.frame.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        q = self.frame.quiescence_threshold
+        if not (math.isfinite(q) and q >= 0.0):
+            raise ValueError(f"quiescence_threshold must be a finite number >= 0, got {q!r}")
 
     def sampling(self) -> SamplingParams:
         f = self.frame
