@@ -33,6 +33,7 @@ from colibri.io.events import (
     Error,
     ErrorCode,
     ExpertMap,
+    Forget,
     Gpus,
     Hits,
     HwInfo,
@@ -41,6 +42,7 @@ from colibri.io.events import (
     Ready,
     Repin,
     Stat,
+    Stop,
     Submit,
     Tiers,
     TopK,
@@ -101,8 +103,11 @@ def check_requests(events: list) -> None:
             assert math.isfinite(e.temperature) and e.temperature >= 0 and 0 < e.top_p <= 1, e
             assert isinstance(e.prompt, str) and (e.seed is None or 0 <= e.seed <= MAX_ID), e
             assert read_requests([encode_request(e)]) == [e, EndOfInput()], e
-        elif isinstance(e, Cancel):
+        elif isinstance(e, Cancel | Stop):
             assert 1 <= e.id <= MAX_ID, e
+            assert read_requests([encode_request(e)]) == [e, EndOfInput()], e
+        elif isinstance(e, Forget):
+            assert 0 <= e.slot <= 255, e
             assert read_requests([encode_request(e)]) == [e, EndOfInput()], e
         elif isinstance(e, ProtocolError):
             assert e.code in READER_CODES and 0 <= e.id <= MAX_ID, e

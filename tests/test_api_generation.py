@@ -49,7 +49,7 @@ class ScriptedEngine:
         self.stopped = rid
 
     async def generate(self, prompt: str, slot: int, *args: object, grammar: str | None = None,
-                       ticket=None) -> AsyncIterator:
+                       ticket=None, forget: bool = False) -> AsyncIterator:
         finished = False
         if ticket is not None:
             ticket.id = 1

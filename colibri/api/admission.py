@@ -10,7 +10,8 @@ refused (the server answers 429 before any streaming header is sent).
 The knowledge is the server's: each slot's last prompt as sent (token ids, or the rendered text
 when the engine tokenizes). The engine matches the real history and reports what it reused, so a
 stale entry (the engine restarted without persistence, a cancelled prefill) costs a prefill, never
-a wrong answer (docs/deploy.md, "Which slot a request takes").
+a wrong answer (docs/deploy.md, "Which slot a request takes"). Only slots the request's owner may
+reuse (``slot_owners``) are chosen for their prefix.
 
 A streamed answer outlives the route that admitted it, so the slot is held by a ``SlotLease``
 that whoever ends the answer releases, rather than by a ``with`` block in the route.
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 import trio
 
 from colibri import settings
+from colibri.api.slot_owners import SlotOwners
 
 # The --prefix-share default (its reason: colibri/settings.py).
 MIN_PREFIX_SHARE = settings.PREFIX_SHARE.default
@@ -60,6 +62,7 @@ class QueueTimeout(Exception):
 class _Waiter:
     wanted: int | None
     prompt: Prompt | None
+    owner: str | None
     granted: tuple[int, bool] | None = None  # the slot, and whether its prefix chose it
     event: trio.Event = field(default_factory=trio.Event)
 
@@ -71,6 +74,8 @@ class SlotLease:
     def __init__(self, slot: int, waited: float, hold: AsyncExitStack, prefix_hit: bool = False) -> None:
         self.slot, self.waited, self._hold, self.prefix_hit = slot, waited, hold, prefix_hit
         self.released = False
+        self.owner = ""  # whose request holds it (``slot_owners.owner_of``)
+        self.forget = False  # the slot held another owner's conversation: the engine forgets it first
 
     async def release(self) -> None:
         """Give the slot back; shielded, so a cancelled caller cannot leak it. Idempotent."""
@@ -87,9 +92,11 @@ class SlotLease:
 
 class Admission:
     def __init__(
-        self, n_slots: int, max_queue: int, timeout_s: float, min_share: float = MIN_PREFIX_SHARE
+        self, n_slots: int, max_queue: int, timeout_s: float, min_share: float = MIN_PREFIX_SHARE,
+        owners: SlotOwners | None = None,
     ) -> None:
         self.n_slots, self.max_queue, self.timeout_s = n_slots, max_queue, timeout_s
+        self.owners = owners  # None: every slot's prefix is anyone's (a unit test's admission)
         self.min_share = min_share
         self.busy = [False] * n_slots
         self.waiters: deque[_Waiter] = deque()
@@ -104,7 +111,8 @@ class Admission:
     def queued(self) -> int:
         return len(self.waiters)
 
-    def _free(self, wanted: int | None, prompt: Prompt | None = None) -> tuple[int, bool] | None:
+    def _free(self, wanted: int | None, prompt: Prompt | None = None,
+              owner: str | None = None) -> tuple[int, bool] | None:
         """The slot to take now, and whether its prefix chose it; None: none is free."""
         if wanted is not None:
             return None if self.busy[wanted] else (wanted, False)
@@ -114,6 +122,8 @@ class Admission:
         best, best_len = free[0], 0
         if prompt:
             for s in free:  # least recently used first: a tie goes to the older slot
+                if self.owners is not None and not self.owners.reusable(s, owner or ""):
+                    continue  # another client's conversation: never chosen for what it holds
                 held = self.prompts[s]
                 n = common_prefix(held, prompt) if held else 0
                 if n > best_len and n >= self.min_share * len(held):
@@ -130,7 +140,7 @@ class Admission:
     def _release(self, slot: int) -> None:
         self.busy[slot] = False
         for waiter in list(self.waiters):
-            free = self._free(waiter.wanted, waiter.prompt)
+            free = self._free(waiter.wanted, waiter.prompt, waiter.owner)
             if free is not None:
                 self.waiters.remove(waiter)
                 self._take(free[0], waiter.prompt)
@@ -139,20 +149,21 @@ class Admission:
 
     @asynccontextmanager
     async def slot(
-        self, wanted: int | None = None, prompt: Prompt | None = None
+        self, wanted: int | None = None, prompt: Prompt | None = None, owner: str | None = None
     ) -> AsyncIterator[tuple[int, float, bool]]:
         """Hold a slot for the block: yields (slot, seconds waited, chosen by its prefix). ``prompt``:
-        the request's prompt (ids or text), for the prefix choice. Raises QueueFull/QueueTimeout."""
+        the request's prompt (ids or text), for the prefix choice among the slots ``owner`` may
+        reuse. Raises QueueFull/QueueTimeout."""
         start = trio.current_time()
         if prompt is not None and not isinstance(prompt, str):
             prompt = tuple(prompt)  # a list's slice never equals a tuple's
-        free = self._free(wanted, prompt) if not self.waiters else None
+        free = self._free(wanted, prompt, owner) if not self.waiters else None
         if free is not None:
             slot, hit = self._take(free[0], prompt), free[1]
         else:
             if len(self.waiters) >= self.max_queue:
                 raise QueueFull
-            waiter = _Waiter(wanted, prompt)
+            waiter = _Waiter(wanted, prompt, owner)
             self.waiters.append(waiter)
             try:
                 with trio.move_on_after(self.timeout_s):
@@ -172,9 +183,10 @@ class Admission:
         finally:
             self._release(slot)
 
-    async def lease(self, wanted: int | None = None, prompt: Prompt | None = None) -> SlotLease:
+    async def lease(self, wanted: int | None = None, prompt: Prompt | None = None,
+                    owner: str | None = None) -> SlotLease:
         """A slot held past this call, for an answer that outlives its route (a stream): the same
         queueing, refusals and cancellation as ``slot``."""
         hold = AsyncExitStack()
-        slot, waited, hit = await hold.enter_async_context(self.slot(wanted, prompt))
+        slot, waited, hit = await hold.enter_async_context(self.slot(wanted, prompt, owner))
         return SlotLease(slot, waited, hold, hit)

@@ -2,10 +2,10 @@
 
 Each replica names itself in every answer (``x-colibri-replica``) and in ``/health``, so a client or
 a test sees where a turn ran. A conversation key (``X-Session-Id``) is what nginx hashes to send a
-conversation's turns back to one replica (``coli deploy nginx``, docs/deploy.md); the server does
-not use it, but it refuses a malformed one with a 400, the same answer nginx's configuration gives,
-so a client learns the rule with or without the balancer. It is data: never echoed into a header,
-a log line or configuration.
+conversation's turns back to one replica (``coli deploy nginx``, docs/deploy.md), and whose KV cache
+a request may reuse (``slot_owners``). A malformed one is refused with a 400, the same answer
+nginx's configuration gives, so a client learns the rule with or without the balancer. It is data:
+never echoed into a header, a log line or configuration.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from colibri.io.events import (
     Done,
     Error,
     ExpertMap,
+    Forget,
     Hits,
     HwInfo,
     Perf,
@@ -242,11 +243,13 @@ class EngineClient:
     async def generate(
         self, prompt: str | tuple[int, ...], slot: int, max_tokens: int, temperature: float,
         top_p: float, seed: int | None = None, grammar: str | None = None, ticket: Ticket | None = None,
+        forget: bool = False,
     ) -> AsyncIterator[Accept | Data | TopK | Perf | Prof | Done | Error]:
         """The request's events up to its Done or Error. ``prompt``: token ids (SUBMIT_IDS), or
         text the engine tokenizes with control tokens parsed (SUBMIT). ``grammar`` constrains every
-        token; ``ticket`` learns the engine id (for ``stop``). Leaving the loop early (a client
-        gone) cancels the request in the engine."""
+        token; ``ticket`` learns the engine id (for ``stop``); ``forget``: a FORGET of the slot
+        goes first, in the same write. Leaving the loop early (a client gone) cancels the request
+        in the engine."""
         rid = self._next_id
         self._next_id += 1
         if ticket is not None:
@@ -258,7 +261,7 @@ class EngineClient:
         try:
             text, ids = (prompt, None) if isinstance(prompt, str) else ("", tuple(prompt))
             submit = Submit(rid, slot, max_tokens, temperature, top_p, text, seed, ids, grammar)
-            await self._write(encode_request(submit))
+            await self._write((encode_request(Forget(slot)) if forget else b"") + encode_request(submit))
             async with recv:
                 async for event in recv:
                     if isinstance(event, Done | Error):

@@ -78,11 +78,12 @@ class GenerationRun:
         gen: Generation,
         slot: int,
         *,
+        forget: bool = False,
         metrics: ServerMetrics,
         counters: dict[str, int],
         count_tokens: Callable[[str], int],
     ) -> None:
-        self.engine, self.gen, self.slot = engine, gen, slot
+        self.engine, self.gen, self.slot, self.forget = engine, gen, slot, forget
         self.metrics, self.counters, self.count_tokens = metrics, counters, count_tokens
         self.stops = StopMatcher(gen.stops)
         self.tokens: list[TokenLogprob] = []
@@ -101,7 +102,7 @@ class GenerationRun:
         prompt = g.prompt_ids or g.prompt
         ticket = Ticket()
         stream = self.engine.generate(prompt, self.slot, g.max_tokens, g.temperature, g.top_p, g.seed,
-                                      grammar=g.grammar, ticket=ticket)
+                                      grammar=g.grammar, ticket=ticket, forget=self.forget)
         try:
             async for event in stream:
                 if isinstance(event, TopK):

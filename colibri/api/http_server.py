@@ -32,6 +32,7 @@ from colibri.api.openai_errors import ambiguous_framing, overloaded
 from colibri.api.openai_requests import Generation
 from colibri.api.security import CorsPolicy, HostGuard, ambiguous_framing_headers, require_key_for_bind
 from colibri.api.server_state import ServerState
+from colibri.api.slot_owners import SlotOwners
 from colibri.model.text import ModelText
 from colibri.state_files import check_state_dir
 
@@ -228,13 +229,15 @@ def _hypercorn_config(cfg: ServeConfig) -> Config:
 
 async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
     engine = _engine(cfg, n_ctx)
+    owners = SlotOwners(cfg.kv_slots, cfg.state_dir)
     state = ServerState(
         model_id=cfg.model_id,
         n_slots=cfg.kv_slots,
         n_ctx=n_ctx,
         api_key=cfg.api_key,
         engine=engine,
-        admission=Admission(cfg.kv_slots, cfg.max_queue, cfg.queue_timeout, cfg.prefix_share),
+        admission=Admission(cfg.kv_slots, cfg.max_queue, cfg.queue_timeout, cfg.prefix_share, owners),
+        owners=owners,
         render=text.render,
         count_tokens=text.count_tokens,
         encode=partial(prompt_ids, text),

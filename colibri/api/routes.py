@@ -16,6 +16,7 @@ from quart import Blueprint, Response, current_app, request
 
 from colibri import __version__, state_files
 from colibri.api import openai_errors, responses_api, serving
+from colibri.api.affinity import SESSION_HEADER
 from colibri.api.completion_shapes import ChatShaper, CompletionShaper
 from colibri.api.metrics import CONTENT_TYPE
 from colibri.api.openai_errors import ApiError
@@ -186,7 +187,7 @@ async def generate() -> Response:
         served = PARSERS[endpoint](await _body(state), state)
         gen = serving.generation_of(served)
         await serving.tokenize(state, gen)
-        lease = await serving.admit(state, gen)
+        lease = await serving.admit(state, gen, request.headers.get(SESSION_HEADER))
     except ApiError as e:
         serving.count(state, endpoint, e.status, None)
         return error_response(e)

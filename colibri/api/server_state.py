@@ -17,6 +17,7 @@ from colibri.api.engine_client import EngineClient
 from colibri.api.metrics import Registry, ServerMetrics, server_metrics
 from colibri.api.openai_requests import Generation, Render
 from colibri.api.security import CorsPolicy, HostGuard
+from colibri.api.slot_owners import SlotOwners
 
 EXTENSION = "colibri"  # the key of the state in ``app.extensions``
 
@@ -43,6 +44,8 @@ class ServerState:
     # None: the engine tokenizes the rendered text (a unit test's scripted engine). Its second
     # argument, the context: a prompt that cannot fit raises ``TooManyTokens`` untokenized.
     encode: Callable[[Generation, int], list[int]] | None = None
+    # Whose conversation each slot holds (only its owner reuses it); None: no rule (a unit test).
+    owners: SlotOwners | None = None
     replica_id: str = ""  # x-colibri-replica and /health: --replica-id, else the bound host:port
     draining: bool = False  # SIGTERM came: new generations get 503 while those in flight finish
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))

@@ -42,6 +42,7 @@ from colibri.api.responses_api import ResponsesRequest
 from colibri.api.responses_shapes import ResponsesShaper
 from colibri.api.server_state import ServerState
 from colibri.api.shaping import Answer, Shaper
+from colibri.api.slot_owners import owner_of
 from colibri.api.tools import split_output
 from colibri.model.tokenizer import TooManyTokens
 
@@ -102,16 +103,26 @@ async def release_leftovers(scope: dict[str, Any], state: ServerState | None = N
         await lease.release()
 
 
-async def admit(state: ServerState, gen: Generation) -> SlotLease:
-    """The request's slot, once free; a 429 ``ApiError`` if the queue is full or the wait too long."""
+async def admit(state: ServerState, gen: Generation, session_id: str | None = None) -> SlotLease:
+    """The request's slot, once free; a 429 ``ApiError`` if the queue is full or the wait too long.
+    ``session_id``: the client's ``X-Session-Id``; a slot holding another owner's conversation is
+    forgotten before this request runs in it (``slot_owners``)."""
+    owner = owner_of(session_id)
     try:
-        lease = await state.admission.lease(gen.cache_slot, gen.prompt_ids or gen.prompt)
+        lease = await state.admission.lease(gen.cache_slot, gen.prompt_ids or gen.prompt, owner)
     except trio.Cancelled:
         count(state, None, None, "cancelled")  # the client left while queued
         raise
     except (QueueFull, QueueTimeout) as e:
         count(state, None, None, "rejected")
         raise openai_errors.server_busy(isinstance(e, QueueFull)) from None
+    lease.owner = owner
+    if state.owners is not None:
+        try:
+            lease.forget = await state.owners.claim(lease.slot, owner)
+        except BaseException:
+            await lease.release()
+            raise
     state.metrics.queue_wait.observe(lease.waited)
     if lease.prefix_hit:
         state.metrics.prefix_hits.inc()
@@ -158,7 +169,7 @@ async def _served(state: ServerState, request: Served, lease: SlotLease, stream:
     """The frames of a stream, or the one JSON object of a whole answer (module docstring)."""
     gen, shaper = job(request, state.model_id)
     run = GenerationRun(
-        state.engine, gen, lease.slot,
+        state.engine, gen, lease.slot, forget=lease.forget,
         metrics=state.metrics, counters=state.counters, count_tokens=state.count_tokens,
     )
     pieces = run.pieces()
@@ -189,5 +200,7 @@ async def _served(state: ServerState, request: Served, lease: SlotLease, stream:
     finally:
         with trio.CancelScope(shield=True):
             await pieces.aclose()  # ends the request in the engine before the slot is freed
+            if state.owners is not None:
+                await state.owners.settle(lease.slot, lease.owner, run.done.saved if run.done else None)
             await lease.release()
         count(state, shaper.endpoint, status, ended)

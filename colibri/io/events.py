@@ -54,6 +54,14 @@ class Stop:
 
 
 @dataclass(frozen=True)
+class Forget:
+    """``FORGET <slot>``: the slot's next request reuses none of its history (a client other than
+    the one whose conversation it holds: no prefix of it may be learnt from ``reused_tokens``)."""
+
+    slot: int
+
+
+@dataclass(frozen=True)
 class ProtocolError:
     """Input the reader rejected; ``id`` is 0 when the request's id could not be read."""
 
@@ -236,7 +244,7 @@ class UnknownLine:
     line: bytes
 
 
-Request = Submit | Cancel | Stop
+Request = Submit | Cancel | Stop | Forget
 Response = (
     Ready | Stat | Accept | Data | TopK | Done | Error | HwInfo | Tiers | ExpertMap | Hits | Repin
     | Perf | Prof | Entropy | Gpus

@@ -29,6 +29,7 @@ from colibri.io.events import (
     Error,
     ErrorCode,
     ExpertMap,
+    Forget,
     Gpu,
     Gpus,
     Hits,
@@ -128,13 +129,13 @@ class RequestReader:
         self._eof = False
         self.max_payload = max_payload
 
-    def receive_data(self, data: bytes) -> list[Submit | Cancel | Stop | ProtocolError | EndOfInput]:
+    def receive_data(self, data: bytes) -> list[Submit | Cancel | Stop | Forget | ProtocolError | EndOfInput]:
         """Feed bytes (``b""`` means end of input) and return the complete events."""
         if self._eof:
             return []
         if data:
             self._frames.feed(data)
-        events: list[Submit | Cancel | Stop | ProtocolError | EndOfInput] = []
+        events: list[Submit | Cancel | Stop | Forget | ProtocolError | EndOfInput] = []
         while (item := self._frames.next_item()) is not None:
             event = self._interpret(item)
             if event is not None:
@@ -150,7 +151,7 @@ class RequestReader:
             events.append(EndOfInput())
         return events
 
-    def _interpret(self, item: Item[_Pending]) -> Submit | Cancel | Stop | ProtocolError | None:
+    def _interpret(self, item: Item[_Pending]) -> Submit | Cancel | Stop | Forget | ProtocolError | None:
         match item:
             case Line(data=line):
                 return self._header(line)
@@ -164,7 +165,7 @@ class RequestReader:
             case Overlong():
                 return ProtocolError(0, ErrorCode.BAD_FRAME, "line too long")
 
-    def _header(self, line: bytes) -> Cancel | Stop | ProtocolError | None:
+    def _header(self, line: bytes) -> Cancel | Stop | Forget | ProtocolError | None:
         """A request line: a CANCEL, a rejection, or None when a SUBMIT's payload is to follow.
         The byte count is read first: once it is known the payload is consumed whatever else is
         wrong with the header, so its lines are never mistaken for requests."""
@@ -172,6 +173,8 @@ class RequestReader:
         verb = fields[0]
         if verb in (b"CANCEL", b"STOP"):
             return _by_id(fields)
+        if verb == b"FORGET":
+            return _forget(fields)
         if verb not in (b"SUBMIT", b"SUBMIT_IDS"):
             return ProtocolError(0, ErrorCode.BAD_REQUEST, f"unknown verb {verb[:32]!r}")
         if len(fields) not in (7, 8, 9):
@@ -251,7 +254,17 @@ def _by_id(fields: list[bytes]) -> Cancel | Stop | ProtocolError:
     return Cancel(rid) if verb == "CANCEL" else Stop(rid)
 
 
-def encode_request(event: Submit | Cancel | Stop) -> bytes:
+def _forget(fields: list[bytes]) -> Forget | ProtocolError:
+    """``FORGET <slot>``."""
+    try:
+        if len(fields) != 2:
+            raise ValueError
+        return Forget(_uint(fields[1], MAX_SLOT))
+    except ValueError:
+        return ProtocolError(0, ErrorCode.BAD_REQUEST, "FORGET takes a slot number")
+
+
+def encode_request(event: Submit | Cancel | Stop | Forget) -> bytes:
     """Server side: a request's bytes. Floats are written with ``repr`` so the engine samples with
     exactly the temperature and top_p the client asked for. The grammar field is written when
     there is a grammar or a seed (which comes after it: 0 is "no grammar")."""
@@ -267,6 +280,8 @@ def encode_request(event: Submit | Cancel | Stop) -> bytes:
         head = (f"{verb} {event.id} {event.slot} {len(payload)} {event.max_tokens} "
                 f"{event.temperature!r} {event.top_p!r}{tail}\n")
         return head.encode() + payload + grammar + b"\n"
+    if isinstance(event, Forget):
+        return f"FORGET {event.slot}\n".encode()
     verb = "CANCEL" if isinstance(event, Cancel) else "STOP"
     return f"{verb} {event.id}\n".encode()
 

@@ -1,5 +1,6 @@
-"""The mux protocol's session (serve_protocol.md, SERVE_BATCH=1): SUBMIT, CANCEL and STOP lines from
-a gateway, each request's events encoded as response lines; READY and the start-up telemetry first.
+"""The mux protocol's session (serve_protocol.md, SERVE_BATCH=1): SUBMIT, CANCEL, STOP and FORGET
+lines from a gateway, each request's events encoded as response lines; READY and the start-up
+telemetry first.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from colibri.io.events import (
     EndOfInput,
     Error,
     ErrorCode,
+    Forget,
     ProtocolError,
     Ready,
     Stat,
@@ -29,6 +31,9 @@ from colibri.sched.session import Receive
 class MuxSession:
     def __init__(self, engine: Engine, out: trio.MemorySendChannel[bytes], work: trio.Nursery) -> None:
         self.engine, self.out, self.work = engine, out, work
+        # Slots a FORGET named, forgotten when their next SUBMIT starts: a slot may still be ending
+        # its previous request when the FORGET arrives, never when a SUBMIT it admits does.
+        self.forgetting: set[int] = set()
 
     async def emit(self, event: object) -> None:
         if isinstance(event, Data) and not event.text:
@@ -59,7 +64,15 @@ class MuxSession:
                         if error is not None:
                             await self.emit(error)
                         else:
+                            if event.slot in self.forgetting:
+                                self.forgetting.discard(event.slot)
+                                self.engine.forget(event.slot)
                             self.engine.start(event, self.work, self.emit)
+                    case Forget(slot=slot):
+                        if slot < len(self.engine.slots):
+                            self.forgetting.add(slot)
+                        else:
+                            await self.emit(Error(0, ErrorCode.BAD_REQUEST))
                     case Cancel(id=rid):
                         if not self.engine.cancel(rid):
                             await self.emit(Error(rid, ErrorCode.NOT_FOUND))
