@@ -82,6 +82,27 @@ def test_an_overlong_tool_result_is_refused_and_the_conversation_goes_on(eng, tm
     alive(eng)
 
 
+def _rss_mb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS"))
+
+
+def test_an_input_too_long_by_its_length_is_refused_untokenized(eng):
+    """An 8 MiB STREAM_INPUT (and a tool result of as much) at --ctx 512 cannot fit by its length
+    alone: refused without being tokenized (it took the engine from ~300 MB to 1.5 GB and stalled
+    PING for seconds), the engine's memory about as it was."""
+    fresh(eng)
+    before = _rss_mb(eng.proc.pid)
+    huge = "word " * ((8 << 20) // 5)
+    refused = eng.reply(text_input(huge)).message
+    assert isinstance(refused, cf.Error) and refused.code == cf.ErrorCode.MALFORMED_PAYLOAD, refused
+    assert "at least" in refused.detail and "fit the context" in refused.detail, refused.detail
+    alive(eng)
+    assert _rss_mb(eng.proc.pid) - before < 200  # the frame and its text, not a tokenization
+    eng.configure(temperature=0.0, max_tokens=4)
+    assert eng.say("Hello").complete.tokens > 0
+
+
 def test_a_turn_that_runs_into_the_context_end_stays_inside_it(eng, tmp_path):
     """A turn that ends at the context's end (MAX_TOKENS) leaves at most --ctx tokens (it left one
     more, and a snapshot fed that one at position --ctx: into the next layer's data); the snapshot

@@ -137,7 +137,8 @@ class ChannelSession:
         tool_mode = self.tools.mode if not direct else "none"
         if tool_mode == "required":
             reason = False  # the call's grammar leaves no room for a reasoning block
-        content = self.turns.content(inp, direct, self.engine.model.hp.n_vocab, self.engine.model.hp.n_embd)
+        hp = self.engine.model.hp
+        content = self.turns.content(inp, direct, hp.n_vocab, hp.n_embd, max(self._room(), 0))
         if isinstance(content, cf.Error):
             return await self.send(msg_id, content)
         body, user, embeds = content
@@ -179,9 +180,11 @@ class ChannelSession:
         content = json.dumps({"name": name, "error" if ret.is_error else "result": ret.result},
                              ensure_ascii=False)
         framed = self.turns.user_turn(self.prev_role, None, role="tool")
-        added = framed.before + self.turns.plain(content) + framed.after
-        if not await self._fits(msg_id, len(added), f"the result of tool call {call_id}"):
+        body = self.turns.fitting(content, max(self._room(), 0))  # a count: too long, untokenized
+        n = len(framed.before) + (body if isinstance(body, int) else len(body)) + len(framed.after)
+        if not await self._fits(msg_id, n, f"the result of tool call {call_id}") or isinstance(body, int):
             return
+        added = framed.before + body + framed.after
         del self.calls[call_id]
         self.context += added
         self.messages.append({"role": "tool", "content": content})

@@ -19,6 +19,7 @@ import numpy as np
 from colibri.io import channel_frames as cf
 from colibri.model.sampling import SamplingParams
 from colibri.model.text import ModelText, Segment
+from colibri.model.tokenizer import TooManyTokens
 from colibri.sched.channel_slot import soft_rows
 
 
@@ -64,23 +65,36 @@ class TurnRenderer:
         at = next(i for i, s in enumerate(segs) if not s.markup)
         return self._ids(segs[: at + 1])
 
-    def plain(self, text: str) -> list[int]:
-        """The host's or the model's text, as data."""
-        return self.tok.encode(text, special=False)
+    def plain(self, text: str, limit: int | None = None) -> list[int]:
+        """The host's or the model's text, as data. ``limit``: ``TooManyTokens`` for a text that
+        cannot fit in that many tokens by its length, untokenized (megabytes would stall the loop)."""
+        return self.tok.encode_segments([(text, False)], limit=limit)
 
-    def markup(self, text: str) -> list[int]:
+    def markup(self, text: str, limit: int | None = None) -> list[int]:
         """Our own markers (the reasoning block's, a host's DIRECT rendering): control tokens parsed."""
-        return self.tok.encode(text, special=True)
+        return self.tok.encode_segments([(text, True)], limit=limit)
 
-    def content(self, inp: cf.StreamInput, direct: bool, n_vocab: int,
-                n_embd: int) -> tuple[list[int], str, np.ndarray | None] | cf.Error:
+    def fitting(self, text: str, room: int) -> list[int] | int:
+        """``text`` as data if it may fit ``room`` tokens; else the fewest tokens it can be, untokenized."""
+        try:
+            return self.plain(text, room)
+        except TooManyTokens as e:
+            return e.at_least
+
+    def content(self, inp: cf.StreamInput, direct: bool, n_vocab: int, n_embd: int,
+                room: int | None = None) -> tuple[list[int], str, np.ndarray | None] | cf.Error:
         """STREAM_INPUT's content: (its ids, the user's side as the memory records it, soft rows or
-        None), or the ERROR that refuses it."""
+        None), or the ERROR that refuses it; text that cannot fit ``room`` tokens is refused
+        untokenized."""
         malformed = cf.ErrorCode.MALFORMED_PAYLOAD
         embeds = None
         if inp.data_type == cf.DataType.TEXT:
             text = inp.text()
-            body, user = self.markup(text) if direct else self.plain(text), text
+            try:
+                body, user = self.markup(text, room) if direct else self.plain(text, room), text
+            except TooManyTokens as e:
+                return cf.Error(malformed, f"the input does not fit the context: at least {e.at_least} "
+                                           f"tokens, {room} left")
         elif inp.data_type == cf.DataType.TOKENS:
             body = list(inp.token_ids())
             if any(t >= n_vocab for t in body):
