@@ -303,9 +303,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def cmd_atlas(args: argparse.Namespace) -> int:
     from colibri.atlas import ATLAS_FILE, measure, read_prompts, write_atlas
     from colibri.model.loader import Model
+    from colibri.state_files import check_state_dir
 
     prompts = read_prompts(Path(args.prompts))
     out = Path(args.out) if args.out else settings.state_dir(args) / ATLAS_FILE
+    check_state_dir(out.parent)  # before the measurement, not after it: the file goes there
     atlas = measure(Model(settings.model_path(args)), prompts)
     write_atlas(atlas, out)
     print(f"{out}: {atlas['rows']} layers x {atlas['cols']} experts, {len(atlas['topics'])} topics, "

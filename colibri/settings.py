@@ -169,7 +169,7 @@ def state_dir(args: argparse.Namespace) -> Path:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{where} is not a directory")
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)  # its files hold conversations
     except OSError as e:
         raise ConfigError(f"{where} cannot be created: {e.strerror or e}") from None
     if not os.access(path, os.W_OK | os.X_OK):
