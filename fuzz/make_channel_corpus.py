@@ -1,7 +1,8 @@
 """Write the seed corpus fuzz/corpus/channel/ (``python fuzz/make_channel_corpus.py``) for
 fuzz_channel.py: one valid frame of every opcode, sessions of several frames, and the edge and error
 cases tests/test_codec_channel.py pins down (truncation, bad magic and version, oversized lengths,
-unknown opcodes, the reserved field, malformed payloads).
+unknown opcodes, the reserved field, malformed payloads), and the sessions that crashed the engine
+or wrote past its context (issue 38).
 
 The frames are packed here with ``struct``, not with the codec, so a codec bug cannot shape its
 own seeds. A separate file from make_corpus.py (the line protocols' seeds).
@@ -124,6 +125,40 @@ EDGES = {
 }
 
 
+
+def config(**fields: float) -> bytes:
+    """A SET_CONFIG payload, CONFIG's values with ``fields`` in place (flags 0)."""
+    values = {"temperature": 0.7, "top_p": 0.95, "min_p": 0.05, "top_k": 64, "max_tokens": 4096,
+              "repeat_penalty": 1.10, "repeat_window": 64, "quiescence_threshold": 0.02,
+              "thinking_budget": 512, "flags": 0} | fields
+    return struct.pack("<fffIIfIfIB", *values.values())
+
+
+INF, NAN = float("inf"), float("nan")
+WEATHER = json.dumps({"instructions": "Be helpful.", "tool_choice": "required", "tools": [
+    {"name": "get_weather", "description": "Get the weather in a city", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]}).encode()
+HARDENING = {  # issue 38's Channel cases: each was an engine crash or a write past --ctx
+    "hardening_repeat_penalty_denormal": (frame(0x0004, config(repeat_penalty=1e-45), 1)
+                                          + frame(0x0001, b"\x00\x00Hello", 2) + PING),
+    "hardening_config_non_finite": b"".join(
+        frame(0x0004, config(**{name: value}), i + 1)
+        for i, (name, value) in enumerate((name, value) for name in (
+            "temperature", "top_p", "min_p", "repeat_penalty", "quiescence_threshold")
+            for value in (NAN, INF, -INF))) + PING,
+    "hardening_tool_return_overlong": (frame(0x0007, WEATHER, 1) + frame(0x0004, config(temperature=0.0), 2)
+                                       + frame(0x0001, b"\x00\x00What is the weather in Paris?", 3)
+                                       + frame(0x0005, s16(b"1") + b"\x00" + s32(b"x " * 50_000), 4)
+                                       + frame(0x0008, s16(b"/tmp/after.snap") + s16(b"s"), 5) + PING),
+    "hardening_context_edge": (frame(0x0007, b"{}", 1) + frame(0x0004, config(temperature=0.0), 2)
+                               + frame(0x0001, b"\x00\x01" + ", ".join(str(i) for i in range(1, 121)).encode()
+                                       + b",", 3)
+                               + frame(0x0008, s16(b"/tmp/edge.snap") + s16(b"edge"), 4)
+                               + frame(0x0009, b"/tmp/edge.snap", 5) + frame(0x0001, b"\x00\x00And then?", 6)
+                               + PING),
+}
+
+
 def write(seeds: dict[str, bytes]) -> None:
     folder = HERE / "corpus" / "channel"
     folder.mkdir(parents=True, exist_ok=True)
@@ -132,5 +167,5 @@ def write(seeds: dict[str, bytes]) -> None:
 
 
 if __name__ == "__main__":
-    write(VALID | EDGES)
-    print(f"{len(VALID) + len(EDGES)} channel seeds")
+    write(VALID | EDGES | HARDENING)
+    print(f"{len(VALID) + len(EDGES) + len(HARDENING)} channel seeds")
