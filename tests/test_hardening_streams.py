@@ -4,6 +4,8 @@ A client that leaves between the route's return and the stream's first frame nev
 so the serving path's clean-up never runs: the server's outermost middleware releases the lease
 (scripted engine, the whole ASGI stack). A client that stops reading a stream is disconnected after
 ``--write-timeout`` and its slot freed (the real server and engine, a raw socket that never reads).
+A body whose framing breaks after the app has refused the request from its headers alone no longer
+ends the server.
 """
 
 from __future__ import annotations
@@ -83,3 +85,19 @@ def test_a_client_that_stops_reading_is_cut_off_and_its_slot_freed():
             assert health["cancelled"] == 1 and health["active"] == 0, health
         finally:
             staller.close()
+
+
+def test_a_broken_chunk_after_an_early_refusal_leaves_the_server_up():
+    """No Content-Type: the app refuses (415) before the body is read, while hypercorn's reader
+    meets an illegal chunk header and answers 400 on the same socket: that clash (a
+    BusyResourceError out of hypercorn) ended the server. Now the refusal waits for the body's end."""
+    with running_server("--ctx", "512") as srv:
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+                answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 4"), answer
+            assert httpx.get(srv.base_url + "/health", timeout=10).status_code == 200
+        assert srv.proc.poll() is None
+        assert "Traceback" not in srv.log

@@ -20,7 +20,14 @@ from pathlib import Path
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
-from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent, Scope
+from hypercorn.typing import (
+    ASGIFramework,
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    ASGISendEvent,
+    Scope,
+)
 
 from colibri import settings
 from colibri.api import sdnotify, serving
@@ -102,8 +109,9 @@ class ConcurrencyLimit:
             return await _answer(send, 503, _OVERLOADED, (b"retry-after", b"1"))
         self.active += 1
         scope = {**scope, serving.LEFTOVER_LEASES: []}
+        body = _BodyEnd(receive)
         try:
-            await self.app(scope, receive, _shield_last_send(send))
+            await self.app(scope, body.receive, _shield_last_send(body.after_body(send)))
         finally:
             self.active -= 1
             with trio.CancelScope(shield=True):
@@ -128,6 +136,33 @@ async def _answer(send: ASGISendCallable, status: int, body: bytes, header: tupl
     headers = [(b"content-type", b"application/json"), header]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class _BodyEnd:
+    """Whether the request's body has been read to its end (or the client has gone), for an answer
+    that comes before it: a refusal from the headers alone (403, 415, ...). Sent at once, such an
+    answer lets hypercorn close the connection while its reader is still parsing the body; a chunk
+    header it cannot parse then has it send its own 400 on the same socket as the close, and the
+    clash (trio's BusyResourceError) escaped hypercorn and ended the whole server. So the answer
+    waits, for a bounded time, until quart-trio (which reads every body) has seen the body end."""
+
+    def __init__(self, receive: ASGIReceiveCallable) -> None:
+        self._receive, self.ended = receive, trio.Event()
+
+    async def receive(self) -> ASGIReceiveEvent:
+        message = await self._receive()
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            self.ended.set()
+        return message
+
+    def after_body(self, send: ASGISendCallable) -> ASGISendCallable:
+        async def wrapped(message: ASGISendEvent) -> None:
+            if message["type"] == "http.response.start" and not self.ended.is_set():
+                with trio.move_on_after(DISCARD_BODY_S):
+                    await self.ended.wait()
+            await send(message)
+
+        return wrapped
 
 
 def _shield_last_send(send: ASGISendCallable) -> ASGISendCallable:
