@@ -101,3 +101,19 @@ def test_a_broken_chunk_after_an_early_refusal_leaves_the_server_up():
             assert httpx.get(srv.base_url + "/health", timeout=10).status_code == 200
         assert srv.proc.poll() is None
         assert "Traceback" not in srv.log
+
+
+def test_a_client_gone_mid_body_leaves_no_traceback():
+    """A body over --max-body-mb is answered 413 from its Content-Length while the client is still
+    sending; the client then closes. hypercorn's close clashed with the answer's send (10 in 60
+    logged "Error in ASGI Framework" with a BusyResourceError): a client gone is no app error."""
+    with running_server("--ctx", "512") as srv:
+        for _ in range(60):
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                             b"Content-Type: application/json\r\n"
+                             + f"Content-Length: {(4 << 20) + 1}\r\n\r\n".encode() + b" " * 1024)
+                assert sock.recv(65536).startswith(b"HTTP/1.1 413")
+        assert httpx.get(srv.base_url + "/health", timeout=10).status_code == 200
+        log = "\n".join(srv.lines)
+        assert "Error in ASGI Framework" not in log and "Traceback" not in log, log[-3000:]

@@ -109,9 +109,9 @@ class ConcurrencyLimit:
             return await _answer(send, 503, _OVERLOADED, (b"retry-after", b"1"))
         self.active += 1
         scope = {**scope, serving.LEFTOVER_LEASES: []}
-        body = _BodyEnd(receive)
+        body = _BodyEnd(receive, chunked=_chunked(scope["headers"]))
         try:
-            await self.app(scope, body.receive, _shield_last_send(body.after_body(send)))
+            await self.app(scope, body.receive, _shield_last_send(body.after_body(_gone_quietly(send))))
         finally:
             self.active -= 1
             with trio.CancelScope(shield=True):
@@ -138,16 +138,23 @@ async def _answer(send: ASGISendCallable, status: int, body: bytes, header: tupl
     await send({"type": "http.response.body", "body": body})
 
 
-class _BodyEnd:
-    """Whether the request's body has been read to its end (or the client has gone), for an answer
-    that comes before it: a refusal from the headers alone (403, 415, ...). Sent at once, such an
-    answer lets hypercorn close the connection while its reader is still parsing the body; a chunk
-    header it cannot parse then has it send its own 400 on the same socket as the close, and the
-    clash (trio's BusyResourceError) escaped hypercorn and ended the whole server. So the answer
-    waits, for a bounded time, until quart-trio (which reads every body) has seen the body end."""
+def _chunked(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(name.lower() == b"transfer-encoding" for name, _ in headers)
 
-    def __init__(self, receive: ASGIReceiveCallable) -> None:
+
+class _BodyEnd:
+    """Whether a chunked request's body has been read to its end (or the client has gone), for an
+    answer that comes before it: a refusal from the headers alone (403, 415, ...). Sent at once,
+    such an answer lets hypercorn close the connection while its reader is still parsing the
+    chunks; a chunk header it cannot parse then has it send its own 400 on the same socket as the
+    close, and the clash (trio's BusyResourceError) escaped hypercorn and ended the whole server. So
+    the answer waits, for a bounded time, until quart-trio (which reads every body) has seen the
+    body end. A body of a Content-Length has no chunk header to fail on: no wait."""
+
+    def __init__(self, receive: ASGIReceiveCallable, chunked: bool) -> None:
         self._receive, self.ended = receive, trio.Event()
+        if not chunked:
+            self.ended.set()
 
     async def receive(self) -> ASGIReceiveEvent:
         message = await self._receive()
@@ -163,6 +170,21 @@ class _BodyEnd:
             await send(message)
 
         return wrapped
+
+
+def _gone_quietly(send: ASGISendCallable) -> ASGISendCallable:
+    """A send that meets hypercorn closing the connection (a client that left mid-body, answered
+    413 or 408): hypercorn's close does not take its send lock, so the answer's send fails with
+    BusyResourceError (or finds the socket closed) and hypercorn logged it as an error of the app.
+    The client is gone; so is the answer, quietly."""
+
+    async def wrapped(message: ASGISendEvent) -> None:
+        try:
+            await send(message)
+        except (trio.BusyResourceError, trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+    return wrapped
 
 
 def _shield_last_send(send: ASGISendCallable) -> ASGISendCallable:
