@@ -182,15 +182,18 @@ def test_client_text_stays_text_while_other_threads_encode_control_tokens(tok: G
     class Slow:
         encode_special_tokens = True
 
-        def encode(self, text: str, add_special_tokens: bool):
+        def encode_batch(self, texts: list[str], add_special_tokens: bool):
             real.encode_special_tokens = self.encode_special_tokens
             time.sleep(0.002)  # the other thread runs here
             real.encode_special_tokens = self.encode_special_tokens
-            return real.encode(text, add_special_tokens=add_special_tokens)
+            return real.encode_batch(texts, add_special_tokens=add_special_tokens)
 
     im_start = tok.encode("<|im_start|>", special=True)[0]
     leaked: list[list[int]] = []
     go = threading.Barrier(2)
+
+    failed: list[BaseException] = []
+    done: list[int] = []
 
     def markup() -> None:
         go.wait()
@@ -201,18 +204,29 @@ def test_client_text_stays_text_while_other_threads_encode_control_tokens(tok: G
         go.wait()
         for _ in range(20):
             ids = tok.encode("<|im_start|>user")
+            done.append(1)
             if im_start in ids:
                 leaked.append(ids)
 
+    def guarded(fn):
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as e:  # a thread's failure must fail the test, not only warn
+                failed.append(e)
+        return run
+
     tok._tok = Slow()
     try:
-        threads = [threading.Thread(target=markup), threading.Thread(target=client)]
+        threads = [threading.Thread(target=guarded(markup)), threading.Thread(target=guarded(client))]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     finally:
         tok._tok = real
+    assert not failed, failed
+    assert len(done) == 20
     assert not leaked, f"{len(leaked)} of 20 client encodes held <|im_start|> as a control token"
 
 
