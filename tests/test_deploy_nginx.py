@@ -120,17 +120,27 @@ def turn(c: openai.OpenAI, messages: list[dict], max_tokens: int = 6) -> dict:
 @pytest.fixture(scope="module")
 def conversations(cluster) -> dict[str, dict]:
     """One conversation per replica: {replica: {"session", "messages", "turns"}}, first turn done.
-    Keys are tried until the hash has put one on each (which keys go where depends on the ports)."""
-    found: dict[str, dict] = {}
+    Keys are tried until the hash has put one on each (which keys go where depends on the ports),
+    by /health, which nginx routes by the key as any other path: a generation would take a slot,
+    and a third key's turn on a replica could evict a chosen conversation's (each slot's cache is
+    its own session's: a slot another session filled is forgotten, not reused)."""
+    sessions: dict[str, str] = {}
     for i in range(MAX_SESSIONS):
         session = f"conv-{i}"
+        health = httpx.get(cluster["url"] + "/health", headers={"X-Session-Id": session})
+        sessions.setdefault(health.headers["x-colibri-replica"], session)
+        if len(sessions) == 2:
+            break
+    else:
+        pytest.fail(f"{MAX_SESSIONS} session ids all hashed to {list(sessions)}")
+    found: dict[str, dict] = {}
+    for replica, session in sessions.items():
         messages = user(QUESTIONS[0])
         got = turn(client(cluster["url"], session), messages)
+        assert got["replica"] == replica, (session, got)
         messages.append({"role": "assistant", "content": got["text"]})
-        found.setdefault(got["replica"], {"session": session, "messages": messages, "turns": [got]})
-        if len(found) == 2:
-            return found
-    pytest.fail(f"{MAX_SESSIONS} session ids all hashed to {list(found)}")
+        found[replica] = {"session": session, "messages": messages, "turns": [got]}
+    return found
 
 
 def test_a_conversation_stays_on_its_replica_and_reuses_its_prefix(cluster, conversations):
