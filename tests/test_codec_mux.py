@@ -151,7 +151,7 @@ responses = st.one_of(
     st.builds(Perf, id=ids, dt=finite, t_edisk=finite, t_ewait=finite, t_emm=finite, t_attn=finite,
               t_kvb=finite, t_head=finite, reused_tokens=nonneg, prefilled_tokens=nonneg),
     st.builds(Accept, id=ids, prompt_tokens=nonneg),
-    st.builds(Prof, id=ids, wall=finite, prompt_tokens=nonneg, completion_tokens=nonneg, t_edisk=finite,
+    st.builds(Prof, wall=finite, prompt_tokens=nonneg, completion_tokens=nonneg, t_edisk=finite,
               t_ewait=finite, t_emm=finite, t_attn=finite, t_head=finite, forwards=nonneg),
     st.builds(Entropy, bits=st.lists(finite, max_size=8).map(tuple)),
     st.builds(Gpus, gpus=st.lists(st.builds(Gpu, used_gb=finite, total_gb=finite, experts=nonneg),
@@ -185,7 +185,7 @@ def as_encoded(ev):
             return Perf(ev.id, *times, ev.reused_tokens, ev.prefilled_tokens)
         case Prof():
             t = [rounded(x, 4) for x in (ev.wall, ev.t_edisk, ev.t_ewait, ev.t_emm, ev.t_attn, ev.t_head)]
-            return Prof(ev.id, t[0], ev.prompt_tokens, ev.completion_tokens, *t[1:], ev.forwards)
+            return Prof(t[0], ev.prompt_tokens, ev.completion_tokens, *t[1:], ev.forwards)
         case Entropy():
             return Entropy(tuple(rounded(b, 3) for b in ev.bits))
         case Gpus():
@@ -301,7 +301,7 @@ def test_prof_counts_are_exact_and_an_infinite_count_is_a_bad_frame():
     """Found by hypothesis: PROF's counts went through float and lost 1 past 2**53; and a count
     of ``inf`` raised OverflowError out of the reader instead of a BAD_FRAME."""
     big = 2**53 + 1
-    [prof] = ResponseReader().receive_data(f"PROF 1 0.5 {big} 2 0 0 0 0 0 {big}\n".encode())
+    [prof] = ResponseReader().receive_data(f"PROF 0.5 {big} 2 0 0 0 0 0 {big}\n".encode())
     assert (prof.prompt_tokens, prof.forwards) == (big, big)
-    [bad] = ResponseReader().receive_data(b"PROF 1 0.5 inf 2 0 0 0 0 0 3\n")
+    [bad] = ResponseReader().receive_data(b"PROF 0.5 inf 2 0 0 0 0 0 3\n")
     assert isinstance(bad, ProtocolError) and bad.code == ErrorCode.BAD_FRAME

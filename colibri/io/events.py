@@ -206,9 +206,9 @@ class Perf:
 @dataclass(frozen=True)
 class Prof:
     """PROF, the gateway's per-turn profile: wall seconds, token counts, the expert store's and the
-    forward pass's seconds, and the forward steps the turn took part in."""
+    forward pass's seconds, and the forward steps the turn took part in. It carries no request id
+    (the gateway reads ten fields): it belongs to the DONE that follows it in the turn's block."""
 
-    id: int
     wall: float
     prompt_tokens: int
     completion_tokens: int

@@ -86,6 +86,9 @@ MAX_TOKENS_LIMIT = 1 << 20
 MAX_GRAMMAR = 1 << 20
 # Candidates on a TOPK line (the protocol fixes five).
 TOPK_COUNT = TOPK_CANDIDATES
+# PROF with its verb: the gateway's layout has no request id (it belongs to the DONE after it), and
+# the gateway reads exactly these fields.
+PROF_FIELDS = 10
 
 
 def _uint(text: bytes, limit: int) -> int:
@@ -333,7 +336,7 @@ def encode_response(event: Response) -> bytes:
                     + f" {e.reused_tokens} {e.prefilled_tokens}\n").encode()
         case Prof():
             e = event
-            return (f"PROF {e.id} {e.wall:.4f} {e.prompt_tokens} {e.completion_tokens} {e.t_edisk:.4f} "
+            return (f"PROF {e.wall:.4f} {e.prompt_tokens} {e.completion_tokens} {e.t_edisk:.4f} "
                     f"{e.t_ewait:.4f} {e.t_emm:.4f} {e.t_attn:.4f} {e.t_head:.4f} {e.forwards}\n").encode()
         case Entropy(bits=bits):
             return " ".join(["ENTROPY", *(f"{b:.3f}" for b in bits)]).encode() + b"\n"
@@ -397,8 +400,10 @@ class ResponseReader:
         if kind == "ACCEPT":
             return Accept(int(f[1]), int(f[2]))
         if kind == "PROF":
-            t = [float(x) for x in f[2:11]]
-            return Prof(int(f[1]), t[0], _count(f[3]), _count(f[4]), *t[3:8], _count(f[10]))
+            if len(f) != PROF_FIELDS:
+                raise ValueError("PROF is ten fields")
+            t = [float(x) for x in f[1:10]]
+            return Prof(t[0], _count(f[2]), _count(f[3]), *t[3:8], _count(f[9]))
         if kind == "DONE":
             return Done(int(f[1]), int(f[3]), float(f[4]), float(f[5]), float(f[6]), int(f[7]), f[8] == "1",
                         _saved(f[9:10]))

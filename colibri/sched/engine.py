@@ -63,6 +63,9 @@ class Engine:
         self.active: list[Request] = []
         self.step_lock = trio.Lock()
         self._usage_lock = trio.Lock()
+        # One turn's end block at a time: PROF carries no id, it belongs to the DONE after it, so
+        # two slots ending together must not interleave their blocks.
+        self._turn_end_lock = trio.Lock()
         self._work = trio.Event()
         self.idle = trio.Event()
         self.idle.set()
@@ -268,8 +271,9 @@ class Engine:
         else:
             async with self.step_lock:  # the forward thread changes the store's tiers during a step
                 maps, counters = telemetry.expert_events(self.experts, hits=True), self.experts.counters()
-        for event in telemetry.turn_end_events(req, counters, maps, saved, perf=self.perf):
-            await req.emit(event)
+        async with self._turn_end_lock:
+            for event in telemetry.turn_end_events(req, counters, maps, saved, perf=self.perf):
+                await req.emit(event)
 
     # ------------------------------------------------------------------ outside any request
 

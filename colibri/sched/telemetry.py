@@ -66,7 +66,7 @@ def turn_end_events(req: Request, counters: StoreCounters | None, maps: list[obj
         uses = (c1.hits - c0.hits) + (c1.misses - c0.misses)
         hit_pct = 100.0 * (c1.hits - c0.hits) / uses if uses else 0.0
         t_edisk, t_emm = c1.t_disk - c0.t_disk, c1.t_compute - c0.t_compute
-    prof = Prof(req.id, now - req.t_start, len(req.prompt), req.emitted, t_edisk=t_edisk, t_emm=t_emm,
+    prof = Prof(now - req.t_start, len(req.prompt), req.emitted, t_edisk=t_edisk, t_emm=t_emm,
                 t_attn=req.t_attn, t_head=req.t_head, forwards=req.forwards)
     done = Done(req.id, req.emitted, tok_s, hit_pct, rss_gb(), len(req.prompt), req.length_limited, saved)
     spec: list[object] = []
