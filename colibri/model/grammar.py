@@ -1,7 +1,8 @@
 """Grammar-constrained sampling: every sampled token keeps the output inside a grammar.
 
 The token-mask machinery is llguidance's (the library llama.cpp and vLLM use): it takes GBNF or its
-own Lark dialect, where ``%json {...}`` embeds a JSON schema, and computes, per step, the set of
+own Lark dialect, where ``%json {...}`` embeds a JSON schema (a grammar that is a bare JSON schema,
+as colibri's gateway sends, is read as one), and computes, per step, the set of
 vocabulary tokens that keep the output a prefix of some sentence of the grammar, in tens of
 microseconds for a 49k vocabulary. Chosen over xgrammar (needs torch and transformers at run time)
 and outlines-core (regex-only: no GBNF, and an index build per schema that costs seconds): see
@@ -25,6 +26,7 @@ one compile per process for a grammar never seen before.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from functools import lru_cache
@@ -34,6 +36,7 @@ import numpy as np
 from llguidance.gbnf_to_lark import any_to_lark
 
 from colibri.errors import ColibriError
+from colibri.model.json_grammar import json_grammar
 
 # Distinct grammars kept compiled, in each cache: a server's clients send a handful of tool sets and
 # schemas over and over; the bound keeps one that sends a new schema every request from growing it.
@@ -52,10 +55,35 @@ def _first_line(message: str) -> str:
     return (lines[0] if lines else "")[:MAX_ERROR_CHARS]
 
 
-def _lark(text: str) -> str:
-    """``text`` (GBNF, or llguidance Lark) as llguidance's grammar object (not yet compiled)."""
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _source(text: str) -> str:
+    """The grammar's text as llguidance's Lark. A JSON object is a JSON schema, the grammar colibri's
+    gateway sends for ``json_schema`` (the schema itself): it becomes ``json_grammar`` of it, as
+    ``coli serve`` builds it. Neither GBNF nor Lark can begin with ``{`` (a rule begins with its
+    name), so nothing else is read as a schema."""
+    if not text.lstrip().startswith("{"):
+        return any_to_lark(text)
     try:
-        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(text))
+        schema = json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as e:
+        reason = _first_line(str(e)) or "nested too deep"
+        raise GrammarError(f"the grammar looks like a JSON schema but is not JSON: {reason}") from None
+    try:
+        return json_grammar(schema)
+    except RecursionError:
+        raise GrammarError("the JSON schema is nested too deep") from None
+
+
+def _lark(text: str) -> str:
+    """``text`` (GBNF, llguidance Lark, or a JSON schema) as llguidance's grammar object (not yet
+    compiled)."""
+    try:
+        return llguidance.LLMatcher.grammar_from_lark(_source(text))
+    except GrammarError:
+        raise
     except Exception as e:  # noqa: BLE001 - the converter's own errors carry no common base class
         raise GrammarError(f"the grammar does not parse: {_first_line(str(e)) or type(e).__name__}") from None
 
