@@ -191,18 +191,28 @@ def _block_type_lines(gguf: GGUFFile) -> list[str]:
 
 def cmd_engine(args: argparse.Namespace) -> int:
     from colibri.sched.engine_process import EngineConfig, run_engine
+    from colibri.store.experts import ExpertsPerLayer
 
     n_slots = settings.kv_slots(args, settings.KV_SLOTS)
-    ctx = settings.resolve(args, settings.CTX)
+    ctx = settings.resolve(args, settings.CTX, host=True)
     chunk = settings.resolve(args, settings.PREFILL_CHUNK)
+    max_tokens = settings.resolve(args, settings.MAX_TOKENS, host=True)
     if ctx < 1 or chunk < 1:
         raise ColibriError("--ctx and --prefill-chunk must be positive")
+    if max_tokens < 1:
+        raise ConfigError(f"--max-tokens/{settings.MAX_TOKENS.env}/NGEN must be positive, got {max_tokens}")
+    if args.cap is not None and args.cap < 0:
+        raise ConfigError(f"the cap (experts per MoE layer kept in RAM) must be >= 0, got {args.cap}")
+    if args.cap and args.ram_budget is not None:
+        raise ConfigError("give the cap (experts per MoE layer) or --ram-budget (GB), not both")
+    # The C engine's positional cap: experts per MoE layer resident; 0 is its "auto": our budget.
+    budget = ExpertsPerLayer(args.cap) if args.cap else settings.ram_budget(args)
     cfg = EngineConfig(
-        model_path=settings.model_path(args), n_slots=n_slots, n_ctx=ctx,
+        model_path=settings.model_path(args, host=True), n_slots=n_slots, n_ctx=ctx,
         state_dir=None if args.no_persist else settings.state_dir(args), prefill_chunk=chunk,
         protocol=settings.protocol(args), topk=settings.flag_env("SERVE_TOPK"),
-        perf=settings.flag_env("SERVE_PERF"), max_tokens=args.max_tokens,
-        ram_budget=settings.ram_budget(args), kv_type=settings.kv_type(args),
+        perf=settings.flag_env("SERVE_PERF"), max_tokens=max_tokens,
+        ram_budget=budget, kv_type=settings.kv_type(args), cap=args.cap,
     )
     return run_engine(cfg)
 
@@ -356,16 +366,22 @@ def _add_model_commands(sub: argparse._SubParsersAction) -> None:
 def _add_engine_commands(sub: argparse._SubParsersAction) -> None:
     """engine, chat and channel: the engine process, and the terminal clients of its legacy and
     Channel protocols."""
-    engine = sub.add_parser("engine", help="the engine process: serve_protocol.md on stdin/stdout")
-    settings.add(engine, settings.MODEL, settings.KV_SLOTS, settings.CTX, settings.STATE_DIR,
-                 settings.PREFILL_CHUNK, settings.RAM_BUDGET, settings.KV_TYPE)
+    engine = sub.add_parser("engine", help="the engine process: serve_protocol.md on stdin/stdout; "
+                                           "started as the C engine is (`engine <cap>`, SNAP, CTX, "
+                                           "NGEN, KV_SLOTS: docs/serve_protocol.md)")
+    engine.add_argument("cap", nargs="?", type=int, default=None,
+                        help="the C engine's expert cache cap: experts per MoE layer kept in RAM, "
+                             "turned into the bytes they take (instead of --ram-budget); 0: auto "
+                             "(--ram-budget, or its default); on a dense model, accepted and ignored")
+    settings.add(engine, settings.MODEL, settings.CTX, settings.MAX_TOKENS, host=True)
+    settings.add(engine, settings.KV_SLOTS, settings.STATE_DIR, settings.PREFILL_CHUNK,
+                 settings.RAM_BUDGET, settings.KV_TYPE)
     engine.add_argument("--protocol", choices=("mux", "legacy", "channel"),
                         help="default: mux (SERVE_BATCH=1); legacy with SERVE=1 alone; channel: the "
                              "binary frames of docs/channel_protocol.md. A SUBMIT's text, legacy "
                              "input and DIRECT Channel text parse control-token text on purpose (the "
                              "host owns the template); SUBMIT_IDS carries tokens the host chose")
     engine.add_argument("--no-persist", action="store_true", help="keep slots in memory only")
-    engine.add_argument("--max-tokens", type=int, default=512, help="legacy: answer length limit")
     engine.set_defaults(func=cmd_engine)
 
     chat = sub.add_parser("chat", help="chat in the terminal (/reset, /more, Ctrl-C stops an answer); "
@@ -463,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if getattr(args, "max_tokens", 1) < 0 or getattr(args, "top", 0) < 0:
+        if (getattr(args, "max_tokens", None) or 0) < 0 or getattr(args, "top", 0) < 0:
             raise ColibriError("counts must not be negative")
         return args.func(args)
     except ColibriError as e:

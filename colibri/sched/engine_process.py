@@ -20,12 +20,15 @@ from pathlib import Path
 
 import trio
 
+from colibri.hostinfo import GIB
 from colibri.model.interface import EngineModel
 from colibri.model.kv_cache import DEFAULT_KV_TYPE
+from colibri.model.loader import Model
 from colibri.sched.compute import ComputeThread
 from colibri.sched.engine import Engine
 from colibri.sched.session import Session
 from colibri.state_files import check_state_dir
+from colibri.store.experts import Budget
 
 READ_SIZE = 1 << 16
 # Lines buffered between the core and the writer: a slow reader of stdout applies back-pressure
@@ -44,13 +47,13 @@ class EngineConfig:
     topk: bool
     perf: bool = False  # SERVE_PERF=1: the spec's PERF, ENTROPY and GPUS lines before each DONE
     max_tokens: int = 512  # legacy: answer length when the client gives none
-    ram_budget: int | None = None  # bytes of resident expert copies (MoE); None: no limit
+    ram_budget: Budget = None  # resident expert copies (MoE): bytes or experts per layer; None: no limit
     kv_type: str = DEFAULT_KV_TYPE  # the KV cache's element type (colibri.model.kv_cache.KV_TYPES)
+    cap: int | None = None  # the C engine's positional cap as given (reported once the model loads)
 
 
 def run_engine(cfg: EngineConfig) -> int:
     """Load the model and serve until EOF or SIGTERM; the exit status."""
-    from colibri.model.loader import Model
     from colibri.model.sampling import load_kernels
 
     if cfg.state_dir is not None:
@@ -59,7 +62,20 @@ def run_engine(cfg: EngineConfig) -> int:
         model = compute.call(lambda: Model(cfg.model_path, ram_budget=cfg.ram_budget, kv_type=cfg.kv_type))
         compute.call(load_kernels)  # a sampled request's first token does not wait for it
         n_ctx = min(cfg.n_ctx, model.hp.context_length)
+        if cfg.cap is not None:
+            print(f"coli engine: {cap_report(cfg.cap, model)}", file=sys.stderr, flush=True)
         return trio.run(_main, cfg, model, n_ctx, compute)
+
+
+def cap_report(cap: int, model: Model) -> str:
+    """What the C engine's positional cap came to on this model: a host passes one whatever the
+    model (colibri's gateway: 0 or 8), so where it means nothing the engine says so."""
+    store = model.decoder.experts
+    if not store.layers:
+        return f"cap {cap} ignored: {model.hp.arch!r} is a dense model, with no experts to keep in RAM"
+    budget = "no limit" if store.budget is None else f"{store.budget / GIB:.2f} GiB"
+    what = f"{cap} experts per MoE layer" if cap else "0 (auto: --ram-budget or its default)"
+    return f"cap {what}: resident experts' budget {budget} over {len(store.layers)} MoE layers"
 
 
 async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int, compute: ComputeThread) -> int:

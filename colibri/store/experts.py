@@ -71,6 +71,19 @@ _PAGE = mmap.PAGESIZE
 ExpertWeights = SwiGLUWeights
 
 
+class ExpertsPerLayer(NamedTuple):
+    """A budget counted in experts per MoE layer (the C engine's positional cap) rather than bytes:
+    the store holds the bytes of ``n`` experts of each MoE layer (each layer's own expert size).
+    It stays one pool: which experts are resident follows their heat, so a hot layer may hold more
+    than ``n`` and a cold one fewer."""
+
+    n: int
+
+
+# The resident copies' budget: bytes, experts per layer, or None for no limit.
+Budget = int | ExpertsPerLayer | None
+
+
 class ResidentLayer(NamedTuple):
     """A layer whose experts are all resident, as the compiled forward pass takes it."""
 
@@ -145,10 +158,10 @@ class ExpertStore:
     ``n_layers``: layers of the network; ``n_experts``: experts per MoE layer; ``n_used``: experts
     per token (top-k, for reports); ``layers``: the
     layers that have routed experts (a glm4moe model's first layers are dense). ``ram_budget`` in
-    bytes, None for no limit (every expert used stays resident)."""
+    bytes or experts per layer, None for no limit (every expert used stays resident)."""
 
     def __init__(self, gguf: GGUFFile, n_layers: int, n_experts: int, n_used: int,
-                 ram_budget: int | None = None) -> None:
+                 ram_budget: Budget = None) -> None:
         self.gguf = gguf
         self.n_experts, self.n_used = n_experts, n_used
         self.layers: tuple[int, ...] = tuple(
@@ -166,7 +179,6 @@ class ExpertStore:
                         f"expected 3 dimensions with {self.n_experts} experts"
                     )
             self._tensors[i] = names
-        self.budget = ram_budget
         # Whether to read ahead: measured (``readahead.py``), or fixed (the benchmarks' baselines).
         self.readahead = ReadAheadPolicy()
         # On: misses read through the mapping (page faults, the pages kept mapped), as a plain mmap
@@ -191,6 +203,9 @@ class ExpertStore:
             layer: sum(self._slice_bytes(name) for name in self._tensors[layer]) for layer in self.layers
         }
         self.expert_nbytes = self._nbytes[self.layers[0]] if self.layers else 0  # layer 0's, for reports
+        if isinstance(ram_budget, ExpertsPerLayer):
+            ram_budget = sum(min(ram_budget.n, n_experts) * self._nbytes[layer] for layer in self.layers)
+        self.budget: int | None = ram_budget
         self.expert_file_bytes = self._file_bytes[self.layers[0]] if self.layers else 0
 
     # -- the forward pass's interface --------------------------------------------------------------

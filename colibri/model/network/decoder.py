@@ -26,7 +26,7 @@ from colibri.model.network.embedding import Embedding, OutputHead
 from colibri.model.network.layers import AttnShape, attention_then_norm, dense_layer, load_attention, load_ffn
 from colibri.model.network.moe import GATING_SOFTMAX, load_moe_ffn, routing
 from colibri.model.network.weights import load_vector
-from colibri.store.experts import ExpertStore
+from colibri.store.experts import Budget, ExpertStore
 from colibri.store.gguf import GGUFFile
 
 
@@ -66,8 +66,9 @@ class Decoder:
     def is_moe(self, gguf: GGUFFile, hp: HParams, layer: int) -> bool:
         return f"blk.{layer}.ffn_gate_inp.weight" in gguf.tensors
 
-    def __init__(self, gguf: GGUFFile, hp: HParams, ram_budget: int | None = None) -> None:
-        """``ram_budget``: bytes the expert store's resident copies may take (None: no limit)."""
+    def __init__(self, gguf: GGUFFile, hp: HParams, ram_budget: Budget = None) -> None:
+        """``ram_budget``: bytes (or experts per MoE layer) the expert store's resident copies may take
+        (None: no limit)."""
         self.hp = hp
         self.embedding = Embedding(gguf, hp.n_embd)
         self.head = OutputHead(gguf, hp.n_embd, hp.norm_eps)
