@@ -32,6 +32,7 @@ class ExpertTelemetry(Protocol):
     forward pass changes all of these during a step: read them between steps."""
 
     heat: np.ndarray  # decayed routings per (MoE layer, expert), persisted to .coli_usage
+    budget: int | None  # bytes the resident copies may take; None: no limit
 
     @property
     def shape(self) -> tuple[int, int]: ...  # (MoE layers, experts): the maps' rows and columns

@@ -23,12 +23,11 @@ import trio
 from colibri.hostinfo import GIB
 from colibri.model.interface import EngineModel
 from colibri.model.kv_cache import DEFAULT_KV_TYPE
-from colibri.model.loader import Model
+from colibri.model.loader import Budget, Model
 from colibri.sched.compute import ComputeThread
 from colibri.sched.engine import Engine
 from colibri.sched.session import Session
 from colibri.state_files import check_state_dir
-from colibri.store.experts import Budget
 
 READ_SIZE = 1 << 16
 # Lines buffered between the core and the writer: a slow reader of stdout applies back-pressure
@@ -70,12 +69,12 @@ def run_engine(cfg: EngineConfig) -> int:
 def cap_report(cap: int, model: Model) -> str:
     """What the C engine's positional cap came to on this model: a host passes one whatever the
     model (colibri's gateway: 0 or 8), so where it means nothing the engine says so."""
-    store = model.decoder.experts
-    if not store.layers:
+    store = model.experts
+    if store is None:
         return f"cap {cap} ignored: {model.hp.arch!r} is a dense model, with no experts to keep in RAM"
     budget = "no limit" if store.budget is None else f"{store.budget / GIB:.2f} GiB"
     what = f"{cap} experts per MoE layer" if cap else "0 (auto: --ram-budget or its default)"
-    return f"cap {what}: resident experts' budget {budget} over {len(store.layers)} MoE layers"
+    return f"cap {what}: resident experts' budget {budget} over {store.shape[0]} MoE layers"
 
 
 async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int, compute: ComputeThread) -> int:
