@@ -61,6 +61,11 @@ THREADS = 2
 DEFAULT_CAPS = "1.5:0.6,1.0:0.3"  # cap GB : colibri --ram-budget GiB, the README's table
 HEAT_TOKENS = 128  # the earlier generation whose heat colibri pins (bench_moe's warm-up)
 RUN_TIMEOUT_S = 1800  # a thrashing run at a small cap is slow, not stuck
+# The prefill row: a prompt of this many tokens, after the decode run (the same warm process), in
+# the engines' own steps (colibri's --prefill-chunk default; llama.cpp's default micro-batch).
+PREFILL_TOKENS = 512
+COLIBRI_CHUNK = 128
+LLAMA_UBATCH = 512
 # The ways --read-mbps (or --readahead-ways) adds beside "colibri" (whose read-ahead is measured,
 # colibri/store/readahead.py): the read-ahead always on, and never.
 READAHEAD_WAYS = {"colibri, read-ahead on": "on", "colibri, no read-ahead": "off"}
@@ -87,6 +92,7 @@ def peak_rss() -> int:
 
 
 def work_colibri(args) -> dict:
+    from colibri.model.generate import SingleSequence
     from colibri.model.loader import Model
     from colibri.settings import gb_to_bytes
 
@@ -97,8 +103,20 @@ def work_colibri(args) -> dict:
     start_s = time.perf_counter() - t0
     ids, elapsed = bench_moe.decode(model, args.tokens)
     policy = model.decoder.experts.readahead
+    prompt = prefill_prompt(model.hp.n_vocab)
+    seq = SingleSequence(model, len(prompt) + 8, COLIBRI_CHUNK)
+    start = time.perf_counter()
+    seq.prefill(prompt)
+    prefill_s = time.perf_counter() - start
     return {"tok_s": args.tokens / elapsed, "rss": peak_rss(), "start_s": start_s, "pinned": pinned,
-            "readahead_kept": policy.chosen if policy.decisions else None}
+            "readahead_kept": policy.chosen if policy.decisions else None,
+            "prefill_tok_s": len(prompt) / prefill_s}
+
+
+def prefill_prompt(n_vocab: int) -> list[int]:
+    """The prefill row's prompt: the same PREFILL_TOKENS ids on both sides (random, away from the
+    control tokens at the start of the vocabulary)."""
+    return np.random.default_rng(7).integers(16, n_vocab, PREFILL_TOKENS).tolist()
 
 
 def work_llama(args) -> dict:
@@ -129,7 +147,16 @@ def work_llama(args) -> dict:
         one[0] = lib.llama_sampler_sample(chain, ctx, -1)
         if lib.llama_decode(ctx, lib.llama_batch_get_one(one, 1)) != 0:
             raise SystemExit("llama_decode failed")
-    return {"tok_s": args.tokens / (time.perf_counter() - start), "rss": peak_rss(), "start_s": start_s}
+    tok_s = args.tokens / (time.perf_counter() - start)
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = PREFILL_TOKENS + 64, PREFILL_TOKENS, LLAMA_UBATCH
+    pctx = lib.llama_init_from_model(model, cp)
+    ids = prefill_prompt(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(model)))
+    batch = (lib.llama_token * len(ids))(*ids)
+    start = time.perf_counter()
+    if lib.llama_decode(pctx, lib.llama_batch_get_one(batch, len(ids))) != 0:
+        raise SystemExit("llama_decode failed on the prefill prompt")
+    prefill_s = time.perf_counter() - start
+    return {"tok_s": tok_s, "rss": peak_rss(), "start_s": start_s, "prefill_tok_s": len(ids) / prefill_s}
 
 
 def work_heat(args) -> dict:
@@ -201,10 +228,12 @@ def measure_case(cap: MemoryCap, args, limit_gb: float | None, budget: float | N
             runs[way].append(run_one(cap, argv, args.gguf, limit, reads))
             r = runs[way][-1]
             kept = r.get("readahead_kept")
-            print(f"    {way} run {i + 1}: {r['tok_s']:.2f} tok/s" + (" (OOM)" if r["oom"] else "")
+            prefill = f", prefill {r['prefill_tok_s']:.1f} tok/s" if r.get("prefill_tok_s") else ""
+            print(f"    {way} run {i + 1}: {r['tok_s']:.2f} tok/s{prefill}" + (" (OOM)" if r["oom"] else "")
                   + (f" {r['error']}" if "error" in r else "")
                   + ("" if kept is None else f" (read-ahead {'kept' if kept else 'dropped'})"), flush=True)
-    return {way: {"tok_s": median_of(rs, "tok_s"), "cg_peak": median_of(rs, "cg_peak"),
+    return {way: {"tok_s": median_of(rs, "tok_s"), "prefill_tok_s": median_of(rs, "prefill_tok_s"),
+                  "cg_peak": median_of(rs, "cg_peak"),
                   "rss": median_of(rs, "rss"), "oom": sum(r["oom"] for r in rs), "runs": len(rs)}
             for way, rs in runs.items()}
 
@@ -230,6 +259,14 @@ def print_table(results: list[tuple[str, dict]], file_bytes: int) -> None:
         for w in peers:
             if w != best:
                 print(f"{'':<30}{'':>9}{r[w]['tok_s']:11.2f}  ({w})")
+        prefills = [w for w in peers if r[w].get("prefill_tok_s")]
+        if c.get("prefill_tok_s") and prefills:
+            fast = max(prefills, key=lambda w: r[w]["prefill_tok_s"])
+            pf = r[fast]["prefill_tok_s"]
+            print(f"{'  prefill ' + str(PREFILL_TOKENS) + ' tokens':<30}{c['prefill_tok_s']:9.1f}{pf:11.1f}"
+                  f"{c['prefill_tok_s'] / pf:7.2f}x   (llama.cpp: {fast})")
+        elif c.get("prefill_tok_s"):
+            print(f"{'  prefill ' + str(PREFILL_TOKENS) + ' tokens':<30}{c['prefill_tok_s']:9.1f}")
         for w in READAHEAD_WAYS:
             if w in r:
                 n = r[w]

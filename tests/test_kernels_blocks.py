@@ -240,6 +240,14 @@ def test_q4_k_and_q6_k_decode_rows_take_the_integer_path_on_the_blocks():
     xb = rng.standard_normal((9, k)).astype(np.float32)
     qmatmul(xb, weight, batched, 9)
     assert_direct_rows_alone_equal_batched(xb, weight, batched, (0, 4, 8))
+    # prompt rows take the same path: a row's bits are the same in a prompt chunk as in a decode
+    # step (a MoE prefill's few rows per expert; before, they were decoded to float32 for BLAS)
+    prompt = np.empty((9, 66), np.float32)
+    qmatmul(xb, weight, prompt, 0)
+    np.testing.assert_array_equal(prompt, batched)
+    mixed = np.empty((9, 66), np.float32)
+    qmatmul(xb, weight, mixed, 3)
+    np.testing.assert_array_equal(mixed, batched)
 
 
 @pytest.mark.parametrize("types", [

@@ -1,5 +1,5 @@
-"""``out = x @ W.T`` for decode rows on Q4_K and Q6_K blocks as the file has them: integer dot
-products, nothing decoded to float32.
+"""``out = x @ W.T`` on Q4_K and Q6_K blocks as the file has them: integer dot products, nothing
+decoded to float32, for decode and prompt rows alike.
 
 The expert store keeps a K-quant expert as its file bytes (``Kind.BLOCKS``), so a resident expert
 is no bigger than the file; the general path for such weights decodes every weight to float32
