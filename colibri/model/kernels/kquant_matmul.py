@@ -62,6 +62,9 @@ from colibri.store.packed import Weight, block_row
 # Runs of rows the threads split a matrix into (a constant: numba cannot cache code that asks
 # for the thread count).
 MAX_CHUNKS = 32
+# Activation rows taken against one pass over a weight row (prompt rows): its scales and quants
+# unpacked once for four.
+ROWS_AT_ONCE = 4
 # A super-block's four vectors, and the 32-value runs (x blocks) in their lanes 0-7 and 8-15.
 Q4K_RUNS = np.array([[0, 2], [1, 3], [4, 6], [5, 7]], np.int64)
 Q6K_RUNS = np.array([[0, 1], [2, 3], [4, 5], [6, 7]], np.int64)
@@ -160,6 +163,70 @@ def _q6_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: 
     return lane_sum(acc)
 
 
+@nb.njit(inline="always", **KERNEL)
+def _q4_k_rows4(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, xs: int, k: int,
+                dvf: np.ndarray, d0: int, ds: int, xsm: np.ndarray, s0: int, ss: int):  # noqa: ANN202
+    """Four activation rows against one Q4_K row (``_q4_k_row``'s for each): row i's quants at
+    ``x0 + i xs``, its lane scales at ``d0 + i ds`` and its offsets' sums at ``s0 + i ss`` of the
+    flattened arrays. The weight's scales and vectors are unpacked once for the four; each row's
+    sum takes ``_q4_k_row``'s steps in its order, so its bits are the same."""
+    a0, a1, a2, a3 = zeros_float(), zeros_float(), zeros_float(), zeros_float()
+    for sb in range(n_sb):
+        base = at + sb * Q4_K_SIZE
+        d, dmin = half(raw[base], raw[base + 1]), half(raw[base + 2], raw[base + 3])
+        w0, w1, w2 = _u32(raw, base + 4), _u32(raw, base + 8), _u32(raw, base + 12)
+        sc_hi = (w2 & 0x0F0F0F0F) | (((w0 >> 6) & 0x03030303) << 4)
+        m_hi = ((w2 >> 4) & 0x0F0F0F0F) | (((w1 >> 6) & 0x03030303) << 4)
+        scv = mul_float(bytes_to_floats(w0 & 0x3F3F3F3F, sc_hi), splat_float(d))
+        mv = mul_float(bytes_to_floats(w1 & 0x3F3F3F3F, m_hi), splat_float(dmin))
+        v0, v1 = load_bytes(raw, base + 16), load_bytes(raw, base + 80)
+        q0, q1, q2, q3 = low_nibbles(v0), high_nibbles(v0), low_nibbles(v1), high_nibbles(v1)
+        s0v, s1v, s2v, s3v = spread_0_2(scv), spread_1_3(scv), spread_4_6(scv), spread_5_7(scv)
+        xb, dv, sm = sb * QK_K, sb * 4 * _PER_VECTOR, sb * 16
+        a0 = fma_float(mv, load_floats(xsm, s0 + sm), a0)
+        a1 = fma_float(mv, load_floats(xsm, s0 + ss + sm), a1)
+        a2 = fma_float(mv, load_floats(xsm, s0 + 2 * ss + sm), a2)
+        a3 = fma_float(mv, load_floats(xsm, s0 + 3 * ss + sm), a3)
+        for v in range(4):
+            wv = q0 if v == 0 else q1 if v == 1 else q2 if v == 2 else q3
+            ws = s0v if v == 0 else s1v if v == 1 else s2v if v == 2 else s3v
+            xa, da = xb + 64 * v, dv + v * _PER_VECTOR
+            a0 = _vector(a0, wv, xqf, x0 + xa, k, dvf, d0 + da, ws)
+            a1 = _vector(a1, wv, xqf, x0 + xs + xa, k, dvf, d0 + ds + da, ws)
+            a2 = _vector(a2, wv, xqf, x0 + 2 * xs + xa, k, dvf, d0 + 2 * ds + da, ws)
+            a3 = _vector(a3, wv, xqf, x0 + 3 * xs + xa, k, dvf, d0 + 3 * ds + da, ws)
+    return lane_sum(a0), lane_sum(a1), lane_sum(a2), lane_sum(a3)
+
+
+@nb.njit(inline="always", **KERNEL)
+def _q6_k_rows4(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, xs: int, k: int,
+                dvf: np.ndarray, d0: int, ds: int, xso: np.ndarray, s0: int, ss: int):  # noqa: ANN202
+    """Four activation rows against one Q6_K row, as ``_q4_k_rows4`` (``_q6_k_row``'s steps)."""
+    a0, a1, a2, a3 = zeros_float(), zeros_float(), zeros_float(), zeros_float()
+    for sb in range(n_sb):
+        base = at + sb * Q6_K_SIZE
+        scv = mul_float(load_i8_floats(raw, base + 192), splat_float(half(raw[base + 208], raw[base + 209])))
+        xb, dv, so = sb * QK_K, sb * 4 * _PER_VECTOR, sb * 16
+        a0 = fma_float(scv, load_floats(xso, s0 + so), a0)
+        a1 = fma_float(scv, load_floats(xso, s0 + ss + so), a1)
+        a2 = fma_float(scv, load_floats(xso, s0 + 2 * ss + so), a2)
+        a3 = fma_float(scv, load_floats(xso, s0 + 3 * ss + so), a3)
+        for half_block in range(2):
+            ql = load_bytes(raw, base + 64 * half_block)
+            qh = load_runs(raw, base + 128 + 32 * half_block, base + 128 + 32 * half_block)
+            for j in range(2):
+                v = 2 * half_block + j
+                wv = six_bits_low(ql, qh) if j == 0 else six_bits_high(ql, qh)
+                ws = (spread_quad0(scv) if v == 0 else spread_quad1(scv) if v == 1
+                      else spread_quad2(scv) if v == 2 else spread_quad3(scv))
+                xa, da = xb + 64 * v, dv + v * _PER_VECTOR
+                a0 = _vector(a0, wv, xqf, x0 + xa, k, dvf, d0 + da, ws)
+                a1 = _vector(a1, wv, xqf, x0 + xs + xa, k, dvf, d0 + ds + da, ws)
+                a2 = _vector(a2, wv, xqf, x0 + 2 * xs + xa, k, dvf, d0 + 2 * ds + da, ws)
+                a3 = _vector(a3, wv, xqf, x0 + 3 * xs + xa, k, dvf, d0 + 3 * ds + da, ws)
+    return lane_sum(a0), lane_sum(a1), lane_sum(a2), lane_sum(a3)
+
+
 @nb.njit(**KERNEL)
 def _prepare(x: np.ndarray, w: Weight, xq: np.ndarray, xq4: np.ndarray, dv4: np.ndarray,
              dv6: np.ndarray, xsm: np.ndarray, xso: np.ndarray) -> None:
@@ -217,12 +284,21 @@ def kquant_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     xso = np.empty((t_rows, k // 16), np.float32)  # -32 sum(rounded x) per 16 values
     _prepare(x, w, xq, xq4, dv4, dv6, xsm, xso)
     xqf, xq4f = xq.reshape(-1), xq4.reshape(-1)
+    dv4f, dv6f, xsmf, xsof = dv4.reshape(-1), dv6.reshape(-1), xsm.reshape(-1), xso.reshape(-1)
+    xs, ds, ss, so = LEVELS * k, dv4.shape[1], xsm.shape[1], xso.shape[1]
     n_rows = w.n_rows
     n_chunks = min(n_rows, MAX_CHUNKS)
     for c in nb.prange(n_chunks):
         for r in range(c * n_rows // n_chunks, (c + 1) * n_rows // n_chunks):
             at, gtype = block_row(w, r)
-            for t in range(t_rows):
+            fours = t_rows - t_rows % ROWS_AT_ONCE
+            for t in range(0, fours, ROWS_AT_ONCE):  # prompt rows, four to a pass over the weight row
+                if gtype == T_Q4_K:
+                    o = _q4_k_rows4(w.raw, at, n_sb, xq4f, t * xs, xs, k, dv4f, t * ds, ds, xsmf, t * ss, ss)
+                else:
+                    o = _q6_k_rows4(w.raw, at, n_sb, xqf, t * xs, xs, k, dv6f, t * ds, ds, xsof, t * so, so)
+                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = o
+            for t in range(fours, t_rows):
                 x0 = t * LEVELS * k
                 if gtype == T_Q4_K:
                     out[t, r] = _q4_k_row(w.raw, at, n_sb, xq4f, x0, k, dv4[t], xsm[t])
