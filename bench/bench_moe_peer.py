@@ -20,6 +20,9 @@ Every run is one fresh worker process started inside its cgroup, after the file'
 from the page cache; the sides alternate run by run. Each worker prefills the same prompt, then
 samples ``--tokens`` tokens at temperature 1 (a random model's greedy output loops over a few
 tokens, and so would its routing); only those steps are timed, start-up excluded on both sides.
+Then, in the same warm worker, a PREFILL_TOKENS prompt (the same random ids both sides) is
+prefilled and timed: colibri in its default 128-token steps, llama.cpp in one 512-token
+micro-batch; the table's row under each case.
 
 - **colibri**: ``Model(path, ram_budget)``, the hottest experts of an earlier generation pinned at
   start (their heat, as ``.coli_usage`` carries it between runs; pinning is start-up).
