@@ -1,21 +1,23 @@
 """The MoE headline: colibri's expert store against llama.cpp on the same file, under memory caps.
 
-    python bench/bench_moe_peer.py [--arch llama|qwen3moe|glm4moe | --gguf PATH] [--caps 1.5:0.6,1.0:0.3]
+    python bench/bench_moe_peer.py [--arch llama|llama-q4km|qwen3moe|glm4moe | --gguf PATH]
+        [--caps 1.5:0.6,1.0:0.3]
         [--tokens 64] [--runs 3] [--no-uncapped] [--read-mbps N] [--readahead-ways] [--no-peer]
 
 The file is tools/make_synthetic_moe.py's, written on first use, with a placeholder SentencePiece
 vocabulary so that llama.cpp loads it: ``--arch llama`` (the default) 24 layers x 64 experts of
 1024x1024 Q4_0, top-4, 2.58 GiB; ``--arch qwen3moe`` Qwen3-MoE's layout scaled down (``QWEN3MOE``:
 24 layers x 64 experts of 768 x 1024, top-8, q/k norms, 16 heads of 128) in llama.cpp's Q4_K_M mix,
-2.12 GiB; ``--arch glm4moe`` GLM-4.5-Air's (``GLM4MOE``: a dense first layer, then 64 experts of
-768 x 1024, top-8, plus a shared one, sigmoid routing with a selection bias, q/k/v biases, 24 heads
-of 128, half of each rotated) in the same mix, 2.09 GiB. Each case is a memory cap (GB, RSS plus
-page cache, as a small machine's RAM: ``memcap.py`` says how it is applied here) and colibri's
-``--ram-budget`` (GiB) under it, then one case with no cap and no budget. ``--read-mbps`` also
-makes the disk slow (every run's reads throttled: ``readcap.py``) and implies ``--readahead-ways``:
-beside "colibri" (whose store measures whether reading ahead pays), colibri reading ahead always
-and never, in the capped cases (uncapped there is nothing to read ahead). ``--no-peer``: colibri's
-ways only.
+2.12 GiB; ``--arch glm4moe`` GLM-4.5-Air's (``GLM4MOE``: a dense first layer, then 64 experts of 768
+x 1024, top-8, plus a shared one, sigmoid routing with a selection bias, q/k/v biases, 24 heads of
+128, half of each rotated) in the same mix, 2.09 GiB; ``--arch llama-q4km`` the llama file
+requantized by llama.cpp's own quantizer to its Q4_K_M mix (once, cached), 2.98 GB. Each case is a
+memory cap (GB, RSS plus page cache, as a small machine's RAM: ``memcap.py`` says how it is applied
+here) and colibri's ``--ram-budget`` (GiB) under it, then one case with no cap and no budget.
+``--read-mbps`` also makes the disk slow (every run's reads throttled: ``readcap.py``) and implies
+``--readahead-ways``: beside "colibri" (whose store measures whether reading ahead pays), colibri
+reading ahead always and never, in the capped cases (uncapped there is nothing to read ahead).
+``--no-peer``: colibri's ways only.
 Every run is one fresh worker process started inside its cgroup, after the file's pages are dropped
 from the page cache; the sides alternate run by run. Each worker prefills the same prompt, then
 samples ``--tokens`` tokens at temperature 1 (a random model's greedy output loops over a few
@@ -85,6 +87,9 @@ GLM4MOE = dict(arch="glm4moe", n_layers=24, n_experts=64, n_used=8, n_embd=1024,
                n_heads=24, n_kv_heads=2, head_dim=128, n_vocab=4096)
 FILES = {"llama": (bench_moe.DEFAULT_GGUF, {}), "qwen3moe": (CACHE / "synthetic-qwen3moe.gguf", QWEN3MOE),
          "glm4moe": (CACHE / "synthetic-glm4moe.gguf", GLM4MOE)}
+# ``--arch llama-q4km``: the Q4_0 file requantized by llama.cpp's own quantizer to its Q4_K_M mix
+# (``llama_model_quantize``, ``allow_requantize``), as the K-quant files people download are made.
+REQUANTIZED = {"llama-q4km": ("llama", "Q4_K_M")}
 
 
 def peak_rss() -> int:
@@ -298,9 +303,9 @@ def parse_args() -> argparse.Namespace:
     w.add_argument("--repack", action="store_true")
     w.add_argument("--readahead", choices=[m.value for m in Mode], default="auto",
                    help="colibri's read-ahead: measured (auto, the default), always, never")
-    ap.add_argument("--arch", choices=sorted(FILES), default="llama",
+    ap.add_argument("--arch", choices=sorted([*FILES, *REQUANTIZED]), default="llama",
                     help="which synthetic file (written on first use): llama Q4_0, qwen3moe and "
-                         "glm4moe Q4_K_M")
+                         "glm4moe Q4_K_M, llama-q4km the llama file requantized by llama.cpp")
     ap.add_argument("--gguf", type=Path, default=None, help="any MoE GGUF instead of --arch's file")
     ap.add_argument("--caps", default=DEFAULT_CAPS, help="CAP_GB:BUDGET_GIB,... (empty: uncapped only)")
     ap.add_argument("--tokens", type=int, default=64)
@@ -323,11 +328,18 @@ def main() -> None:
         return
     args.readahead_ways |= args.read_mbps is not None
     if args.gguf is None:
-        args.gguf, shape = FILES[args.arch]
+        base, ftype = REQUANTIZED.get(args.arch, (args.arch, None))
+        args.gguf, shape = FILES[base]
         if not args.gguf.exists():
             args.gguf.parent.mkdir(parents=True, exist_ok=True)
             print(f"writing {args.gguf} ...", flush=True)
             bench_moe.load_tool().write_synthetic_moe(args.gguf, **shape)
+        if ftype is not None:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from tests.quant_harness import quantized
+
+            print(f"requantizing {args.gguf.name} to {ftype} with llama.cpp (once) ...", flush=True)
+            args.gguf = quantized(args.gguf, ftype, CACHE)
     cap = MemoryCap.detect()
     reads = None
     if args.read_mbps is not None:
