@@ -217,14 +217,20 @@ def cmd_engine(args: argparse.Namespace) -> int:
     return run_engine(cfg)
 
 
+def _model_and_ctx(args: argparse.Namespace) -> list[str]:
+    """``--model`` and ``--ctx`` for an engine child, resolved by this command's own rule."""
+    return ["--model", str(settings.model_path(args)), "--ctx", str(settings.resolve(args, settings.CTX))]
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     from colibri.terminal_chat import chat
 
     if args.state_dir is not None:
         settings.state_dir(args)  # a bad one fails here, once, not in the engine it starts
-    engine_args = ["--protocol", "legacy", "--max-tokens", str(args.max_tokens)]
-    for flag, value in (("--model", args.model), ("--state-dir", args.state_dir), ("--ctx", args.ctx),
-                        ("--ram-budget", args.ram_budget)):
+    # the model and context resolved here, as this command reads them: the engine child would also
+    # read the C engine's SNAP and CTX, which a shell may export for that engine
+    engine_args = ["--protocol", "legacy", "--max-tokens", str(args.max_tokens), *_model_and_ctx(args)]
+    for flag, value in (("--state-dir", args.state_dir), ("--ram-budget", args.ram_budget)):
         if value is not None:
             engine_args += [flag, str(value)]
     return chat(engine_args)
@@ -235,9 +241,8 @@ def cmd_channel(args: argparse.Namespace) -> int:
 
     if args.state_dir is not None and not args.no_persist:
         settings.state_dir(args)  # a bad one fails here, once, not in the engine it starts
-    engine_args = ["--no-persist"] if args.no_persist else []
-    for flag, value in (("--model", args.model), ("--state-dir", args.state_dir), ("--ctx", args.ctx),
-                        ("--ram-budget", args.ram_budget)):
+    engine_args = (["--no-persist"] if args.no_persist else []) + _model_and_ctx(args)
+    for flag, value in (("--state-dir", args.state_dir), ("--ram-budget", args.ram_budget)):
         if value is not None:
             engine_args += [flag, str(value)]
     return channel_chat(engine_args)

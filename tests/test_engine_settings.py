@@ -107,3 +107,24 @@ def test_refusals_come_before_the_model_loads(argv, env, message):
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == f"coli: error: {message}" and proc.stdout == ""
+
+
+@pytest.mark.parametrize(("command", "module", "function"), [
+    ("chat", "colibri.terminal_chat", "chat"), ("channel", "colibri.terminal_channel", "channel_chat")])
+def test_the_terminal_clients_tell_their_engine_the_model_and_context(monkeypatch, tmp_path: Path, command,
+                                                                       module, function):
+    """``coli chat`` and ``coli channel`` start a ``coli engine`` that would read the C engine's SNAP
+    and CTX: they pass the model and context their own rule resolves, so a shell that exports
+    those for the C engine does not change what they run."""
+    import importlib
+
+    from colibri.cli import main
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(importlib.import_module(module), function, lambda argv: seen.append(argv) or 0)
+    monkeypatch.setenv("SNAP", str(gguf(tmp_path / "c-engine-model.gguf")))
+    monkeypatch.setenv("CTX", "99")
+    assert main([command]) == 0
+    argv = seen[0]
+    assert argv[argv.index("--model") + 1] == str(settings.default_model_path())
+    assert argv[argv.index("--ctx") + 1] == str(settings.CTX.default)
