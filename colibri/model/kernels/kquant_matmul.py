@@ -113,22 +113,34 @@ def _vector(acc, wv, xqf: np.ndarray, xa: int, k: int, dvf: np.ndarray, at: int,
 
 
 @nb.njit(inline="always", **KERNEL)
+def _q4_k_scales(raw: np.ndarray, base: int):  # noqa: ANN202
+    """A Q4_K super-block's eight scales and eight mins, times its ``d`` and ``dmin``, as two
+    vectors: the 6-bit values come out of their 12 bytes as three words, as llama.cpp unpacks them."""
+    d, dmin = half(raw[base], raw[base + 1]), half(raw[base + 2], raw[base + 3])
+    w0, w1, w2 = _u32(raw, base + 4), _u32(raw, base + 8), _u32(raw, base + 12)
+    sc_hi = (w2 & 0x0F0F0F0F) | (((w0 >> 6) & 0x03030303) << 4)
+    m_hi = ((w2 >> 4) & 0x0F0F0F0F) | (((w1 >> 6) & 0x03030303) << 4)
+    scv = mul_float(bytes_to_floats(w0 & 0x3F3F3F3F, sc_hi), splat_float(d))
+    return scv, mul_float(bytes_to_floats(w1 & 0x3F3F3F3F, m_hi), splat_float(dmin))
+
+
+@nb.njit(inline="always", **KERNEL)
+def _q6_k_scales(raw: np.ndarray, base: int):  # noqa: ANN202
+    """A Q6_K super-block's sixteen 8-bit scales times its ``d``, as a vector."""
+    return mul_float(load_i8_floats(raw, base + 192), splat_float(half(raw[base + 208], raw[base + 209])))
+
+
+@nb.njit(inline="always", **KERNEL)
 def _q4_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: int, dvf: np.ndarray,
               xsm: np.ndarray) -> np.float32:
     """One Q4_K row at ``raw[at:]`` against the activation row whose quants, in Q4_K's run order
     (``Q4K_ORDER``), start at ``x0``: ``sum d sc_j (q . x) - dmin m_j sum(x)`` over the 32-value
-    sub-blocks j. The eight 6-bit scales and mins come out of their 12 bytes as three words, as
-    llama.cpp unpacks them; the mins' term is one vector product with ``-sum(x)`` (``xsm``, of
-    the rounded activations)."""
+    sub-blocks j (``_q4_k_scales``); the mins' term is one vector product with ``-sum(x)`` (``xsm``,
+    of the rounded activations)."""
     acc = zeros_float()
     for sb in range(n_sb):
         base = at + sb * Q4_K_SIZE
-        d, dmin = half(raw[base], raw[base + 1]), half(raw[base + 2], raw[base + 3])
-        w0, w1, w2 = _u32(raw, base + 4), _u32(raw, base + 8), _u32(raw, base + 12)
-        sc_hi = (w2 & 0x0F0F0F0F) | (((w0 >> 6) & 0x03030303) << 4)
-        m_hi = ((w2 >> 4) & 0x0F0F0F0F) | (((w1 >> 6) & 0x03030303) << 4)
-        scv = mul_float(bytes_to_floats(w0 & 0x3F3F3F3F, sc_hi), splat_float(d))
-        mv = mul_float(bytes_to_floats(w1 & 0x3F3F3F3F, m_hi), splat_float(dmin))
+        scv, mv = _q4_k_scales(raw, base)
         acc = fma_float(mv, load_floats(xsm, sb * 16), acc)
         v0, v1 = load_bytes(raw, base + 16), load_bytes(raw, base + 80)
         xb, dv = x0 + sb * QK_K, sb * 4 * _PER_VECTOR
@@ -147,7 +159,7 @@ def _q6_k_row(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, k: 
     acc = zeros_float()
     for sb in range(n_sb):
         base = at + sb * Q6_K_SIZE
-        scv = mul_float(load_i8_floats(raw, base + 192), splat_float(half(raw[base + 208], raw[base + 209])))
+        scv = _q6_k_scales(raw, base)
         acc = fma_float(scv, load_floats(xso, sb * 16), acc)
         xb, dv = x0 + sb * QK_K, sb * 4 * _PER_VECTOR
         ql = load_bytes(raw, base)
@@ -173,12 +185,7 @@ def _q4_k_rows4(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, x
     a0, a1, a2, a3 = zeros_float(), zeros_float(), zeros_float(), zeros_float()
     for sb in range(n_sb):
         base = at + sb * Q4_K_SIZE
-        d, dmin = half(raw[base], raw[base + 1]), half(raw[base + 2], raw[base + 3])
-        w0, w1, w2 = _u32(raw, base + 4), _u32(raw, base + 8), _u32(raw, base + 12)
-        sc_hi = (w2 & 0x0F0F0F0F) | (((w0 >> 6) & 0x03030303) << 4)
-        m_hi = ((w2 >> 4) & 0x0F0F0F0F) | (((w1 >> 6) & 0x03030303) << 4)
-        scv = mul_float(bytes_to_floats(w0 & 0x3F3F3F3F, sc_hi), splat_float(d))
-        mv = mul_float(bytes_to_floats(w1 & 0x3F3F3F3F, m_hi), splat_float(dmin))
+        scv, mv = _q4_k_scales(raw, base)
         v0, v1 = load_bytes(raw, base + 16), load_bytes(raw, base + 80)
         q0, q1, q2, q3 = low_nibbles(v0), high_nibbles(v0), low_nibbles(v1), high_nibbles(v1)
         s0v, s1v, s2v, s3v = spread_0_2(scv), spread_1_3(scv), spread_4_6(scv), spread_5_7(scv)
@@ -205,7 +212,7 @@ def _q6_k_rows4(raw: np.ndarray, at: int, n_sb: int, xqf: np.ndarray, x0: int, x
     a0, a1, a2, a3 = zeros_float(), zeros_float(), zeros_float(), zeros_float()
     for sb in range(n_sb):
         base = at + sb * Q6_K_SIZE
-        scv = mul_float(load_i8_floats(raw, base + 192), splat_float(half(raw[base + 208], raw[base + 209])))
+        scv = _q6_k_scales(raw, base)
         xb, dv, so = sb * QK_K, sb * 4 * _PER_VECTOR, sb * 16
         a0 = fma_float(scv, load_floats(xso, s0 + so), a0)
         a1 = fma_float(scv, load_floats(xso, s0 + ss + so), a1)
