@@ -59,13 +59,11 @@ def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def _source(text: str) -> str:
-    """The grammar's text as llguidance's Lark. A JSON object is a JSON schema, the grammar colibri's
-    gateway sends for ``json_schema`` (the schema itself): it becomes ``json_grammar`` of it, as
-    ``coli serve`` builds it. Neither GBNF nor Lark can begin with ``{`` (a rule begins with its
-    name), so nothing else is read as a schema."""
-    if not text.lstrip().startswith("{"):
-        return any_to_lark(text)
+def _schema_lark(text: str) -> str:
+    """A JSON object given as the grammar is a JSON schema, the grammar colibri's gateway sends for
+    ``json_schema`` (the schema itself): its Lark is ``json_grammar``'s, as ``coli serve`` builds
+    it. Neither GBNF nor Lark can begin with ``{`` (a rule begins with its name), so nothing else
+    is read as a schema."""
     try:
         schema = json.loads(text, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as e:
@@ -80,10 +78,9 @@ def _source(text: str) -> str:
 def _lark(text: str) -> str:
     """``text`` (GBNF, llguidance Lark, or a JSON schema) as llguidance's grammar object (not yet
     compiled)."""
+    schema = _schema_lark(text) if text.lstrip().startswith("{") else None
     try:
-        return llguidance.LLMatcher.grammar_from_lark(_source(text))
-    except GrammarError:
-        raise
+        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(text) if schema is None else schema)
     except Exception as e:  # noqa: BLE001 - the converter's own errors carry no common base class
         raise GrammarError(f"the grammar does not parse: {_first_line(str(e)) or type(e).__name__}") from None
 
