@@ -17,17 +17,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from colibri.hostinfo import GIB
 from colibri.model.interface import EngineModel
 from colibri.model.kv_cache import DEFAULT_KV_TYPE
-from colibri.model.loader import Budget, Model
 from colibri.sched.compute import ComputeThread
 from colibri.sched.engine import Engine
 from colibri.sched.session import Session
 from colibri.state_files import check_state_dir
+
+if TYPE_CHECKING:
+    from colibri.model.loader import Budget
 
 READ_SIZE = 1 << 16
 # Lines buffered between the core and the writer: a slow reader of stdout applies back-pressure
@@ -53,6 +56,7 @@ class EngineConfig:
 
 def run_engine(cfg: EngineConfig) -> int:
     """Load the model and serve until EOF or SIGTERM; the exit status."""
+    from colibri.model.loader import Model
     from colibri.model.sampling import load_kernels
 
     if cfg.state_dir is not None:
@@ -66,7 +70,7 @@ def run_engine(cfg: EngineConfig) -> int:
         return trio.run(_main, cfg, model, n_ctx, compute)
 
 
-def cap_report(cap: int, model: Model) -> str:
+def cap_report(cap: int, model: EngineModel) -> str:
     """What the C engine's positional cap came to on this model: a host passes one whatever the
     model (colibri's gateway: 0 or 8), so where it means nothing the engine says so."""
     store = model.experts
