@@ -13,6 +13,7 @@ from ggml_harness import llama_matmul
 from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_matmul, rounded_activations
 
 from colibri.model.kernels.quant_matmul import qmatmul
+from colibri.store import packed
 from colibri.store.blocks import IN_PLACE, dequantize, dequantize_row
 from colibri.store.formats import BLOCK, FORMATS, GGMLType
 from colibri.store.lanes import FIVE_BIT, FOUR_BIT, lane_row, lane_row16
@@ -22,9 +23,11 @@ from colibri.store.packed import (
     KIND_BLOCKS,
     KIND_Q4,
     KIND_Q5,
+    KIND_Q6,
     KIND_Q8,
     OFFSETS_Q5,
     OFFSETS_Q8,
+    Q6_BYTES,
     make_weight,
     packed_nbytes,
     weight_nbytes,
@@ -94,9 +97,11 @@ PATH_IDS = [f"{t.name}-{'lanes' if lanes else 'in_place'}" for t, lanes in PATHS
 
 
 def expected_kind(gtype: GGMLType, lanes: bool) -> int:
-    """In place, or (``lanes``) packed into Q4, Q5 or Q8 lanes."""
+    """In place, or (``lanes``) packed into Q4, Q5, Q6 or Q8 lanes."""
     if not lanes:
         return KIND_BLOCKS
+    if gtype == GGMLType.Q6_K:
+        return KIND_Q6
     return KIND_Q4 if gtype in FOUR_BIT else KIND_Q5 if gtype in FIVE_BIT else KIND_Q8
 
 
@@ -297,3 +302,50 @@ def test_k_quant_lanes_keep_the_files_scales_and_compute_the_same_bits(types: tu
     n_scales = 1 if weight.m.size == 0 else 2
     per_row = (k // per) * (weight.q.shape[2] * 4 + n_scales) + n_scales * 4 * (k // QK_K)
     assert weight_nbytes(weight) == weight.q.shape[0] * GROUP * per_row
+
+
+def test_q4_k_packs_word_by_word_as_value_by_value():
+    """``_pack_q4_k`` (the expert store packs every K-quant miss with it) writes the bits of the
+    generic path (``lane_row`` and ``sub_scales``, value by value), whole and in parts that start
+    and end inside a group."""
+    rng = np.random.default_rng(23)
+    k, n = 512, 100
+    raw, _ = random_rows(rng, n, k, GGMLType.Q4_K)
+    t = int(GGMLType.Q4_K)
+    fast = make_weight([(raw, t)], k)
+    assert fast.kind == KIND_Q4 and fast.sd.size
+    q, d, m, sd, sm = (np.zeros_like(a) for a in (fast.q, fast.d, fast.m, fast.sd, fast.sm))
+    packed._pack_sub_scales(raw, t, BLOCK, 0, d, m, sd, sm)
+    packed._pack_lanes(raw, t, k, 0, q, d, m)
+    for ours, generic in zip((fast.q, fast.d, fast.m, fast.sd, fast.sm), (q, d, m, sd, sm), strict=True):
+        assert np.array_equal(ours.view(np.uint8), generic.view(np.uint8))
+    split = make_weight([(raw[:40], t), (raw[40:77], t), (raw[77:], t)], k)
+    for name in ("q", "d", "m", "sd", "sm"):
+        assert np.array_equal(getattr(split, name), getattr(fast, name)), name
+
+
+def test_q6_lanes_hold_q6_k_quants_and_scales():
+    """Q6 lanes are Q6_K's own 6-bit quants (``lanes.lane_row16``'s, unshifted) in nibbles and a
+    plane of high bits, with its int8 scale per 16 values and its d per super-block: 1.01x the
+    file's bytes, where Q8's lanes took 1.31x."""
+    rng = np.random.default_rng(29)
+    k, n = 512, 45
+    raw, _ = random_rows(rng, n, k, GGMLType.Q6_K)
+    w = make_weight([(raw, int(GGMLType.Q6_K))], k)
+    assert w.kind == KIND_Q6 and w.q.shape[1:] == (k // 16, Q6_BYTES // 4, 4 * GROUP) and w.m.size == 0
+    assert weight_nbytes(w) <= 1.02 * raw.nbytes / n * (-(-n // GROUP) * GROUP)  # whole groups of rows
+    qs, ds, ms = np.empty(k, np.uint8), np.empty(k // 16, np.float32), np.empty(k // 16, np.float32)
+    for r in range(n):
+        g, lane = divmod(r, GROUP)
+        lane_row16(raw[r], int(GGMLType.Q6_K), qs, ds, ms, np.empty(k // 32, np.float32),
+                   np.empty(k // 32, np.float32))
+        nib = w.q[g, :, :2, 4 * lane : 4 * lane + 4].reshape(k // 16, 8).astype(np.int64)
+        high = w.q[g, :, 2, 4 * lane : 4 * lane + 4].astype(np.int64)
+        vals = np.empty((k // 16, 16), np.int64)
+        for j in range(8):
+            p, kk = divmod(j, 4)
+            vals[:, j] = (nib[:, j] & 15) | (((high[:, kk] >> (2 * p)) & 3) << 4)
+            vals[:, 8 + j] = (nib[:, j] >> 4) | (((high[:, kk] >> (4 + 2 * p)) & 3) << 4)
+        assert np.array_equal(vals.reshape(-1), qs.astype(np.int64) - 96)
+        scales = np.repeat(w.d[g, :, lane], QK_K // 16) * w.sd[g, :, lane].astype(np.float32)
+        assert np.array_equal(scales, ds)

@@ -18,6 +18,7 @@ from colibri.model.sampling import Sampler, SamplingParams
 from colibri.store.blocks import dequantize_row
 from colibri.store.formats import GGMLType
 from colibri.store.gguf import GGUFFile
+from colibri.store.packed import KIND_Q4, KIND_Q6
 
 LAYERS = 8
 SHAPE = dict(n_layers=LAYERS, n_experts=8, n_used=2, n_embd=256, n_ff=256, n_vocab=512, n_heads=4,
@@ -121,9 +122,10 @@ def test_the_same_tokens_whatever_the_expert_budget(kquant_file):
 
 
 def test_resident_k_quant_experts_are_stacked_and_give_the_per_expert_bits(kquant_file):
-    """A model that fits keeps each layer's in-place Q4_K/Q6_K experts as one stack per matrix
-    (``ExpertStore.resident_layer``), its FFN one compiled call; a row's output is the same bits as
-    through experts read one by one (budget 0), decode and prompt rows mixed in a step."""
+    """A model that fits keeps each layer's Q4_K/Q6_K experts packed into Q4 and Q6 lanes
+    (``experts.STORE_LANES``) as one stack per matrix (``ExpertStore.resident_layer``), its FFN one
+    compiled call; a row's output is the same bits as through experts read one by one and packed
+    on every use (budget 0), decode and prompt rows mixed in a step."""
     whole = Model(kquant_file)
     store = whole.decoder.experts
     store.pin_hottest(None)
@@ -131,6 +133,7 @@ def test_resident_k_quant_experts_are_stacked_and_give_the_per_expert_bits(kquan
     h = np.random.default_rng(5).standard_normal((7, whole.decoder.hp.n_embd)).astype(np.float32)
     for layer in store.layers:
         resident = store.resident_layer(layer)
-        assert resident is not None and not resident.pool.down.raw.flags.writeable
-        assert np.shares_memory(store.get(layer, 1).down.raw, resident.pool.down.raw)
+        assert resident is not None
+        assert resident.pool.gate_up.kind == KIND_Q4 and resident.pool.down.kind in (KIND_Q4, KIND_Q6)
+        assert np.shares_memory(store.get(layer, 1).down.q, resident.pool.down.q)
         assert np.array_equal(whole.decoder.moe[layer](h, 3), alone.decoder.moe[layer](h, 3))

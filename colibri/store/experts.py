@@ -34,6 +34,7 @@ import numba as nb
 import numpy as np
 
 from colibri.store.arena import Arena
+from colibri.store.formats import GGMLType
 from colibri.store.gguf import GGUFError, GGUFFile
 from colibri.store.numerics import KERNEL
 from colibri.store.packed import (
@@ -41,6 +42,7 @@ from colibri.store.packed import (
     KIND_BLOCKS,
     KIND_Q4,
     KIND_Q5,
+    KIND_Q6,
     KIND_Q8,
     SwiGLUWeights,
     Weight,
@@ -64,6 +66,11 @@ PIN_SHARE = 0.75
 HEAT_BUCKETS_PER_OCTAVE = 4
 HEAT_BUCKET_MAX = 63
 _PAGE = mmap.PAGESIZE
+# The in-place formats whose experts compute on the integer lanes (``packed.py``, ``lanes.py``) in
+# every tier, packed at load or on a miss (the same bits at every budget); the others stay the
+# file's blocks. Q4_K packs into Q4 lanes at 1.056x its bytes, at 5-6 GB/s (``_pack_q4_k``), and
+# the lanes kernel is 2-3x ``kquant_matmul``'s speed on its rows (docs/performance.md).
+STORE_LANES = frozenset({GGMLType.Q4_K, GGMLType.Q6_K})
 
 
 # One routed expert: gate rows then up rows (n_ff_exp * 2 rows of n_embd), and down (n_embd rows
@@ -341,10 +348,11 @@ class ExpertStore:
         """Whether ``layer``'s experts can be stacked (``packed.slot``): packed Q4, Q5 or Q8 in whole
         groups of rows, or the file's blocks in place (float32 copies are not)."""
         infos = [self.gguf.tensors[name] for name in self._tensors[layer]]
-        kinds = {packed_kind([int(i.gtype) for i in infos[:2]], lanes=False),
-                 packed_kind([int(infos[2].gtype)], lanes=False)}
+        kinds = {packed_kind([int(i.gtype) for i in infos[:2]], lanes=STORE_LANES),
+                 packed_kind([int(infos[2].gtype)], lanes=STORE_LANES)}
         whole_groups = all(i.shape[1] % GROUP == 0 for i in infos)
-        return kinds <= {KIND_BLOCKS} or (kinds <= {KIND_Q4, KIND_Q5, KIND_Q8, KIND_BLOCKS} and whole_groups)
+        lanes = {KIND_Q4, KIND_Q5, KIND_Q6, KIND_Q8}
+        return kinds <= {KIND_BLOCKS} or (kinds <= lanes | {KIND_BLOCKS} and whole_groups)
 
     def _stack(self, layer: int, arena: Arena) -> None:
         """Pack every expert of ``layer`` into stacked arrays and pin each (its parts of them)."""
@@ -419,8 +427,8 @@ class ExpertStore:
         """An expert's packed size, from the shapes alone (nothing read from the file)."""
         infos = [self.gguf.tensors[name] for name in self._tensors[layer]]
         rows = [(info.shape[1], int(info.gtype)) for info in infos]
-        return (packed_nbytes(rows[:2], infos[0].shape[0], lanes=False)
-                + packed_nbytes(rows[2:], infos[2].shape[0], lanes=False))
+        return (packed_nbytes(rows[:2], infos[0].shape[0], lanes=STORE_LANES)
+                + packed_nbytes(rows[2:], infos[2].shape[0], lanes=STORE_LANES))
 
     def _pack(self, layer: int, expert: int, arena: Arena | _Stacking | None = None) -> ExpertWeights:
         """Expert ``expert`` of ``layer`` from the file, its copies in ``arena`` if given (else
@@ -440,9 +448,9 @@ class ExpertStore:
         n_cols = self.gguf.tensors[names[0]].shape[0]
         if self.mapped_reads:
             parts = [(self._mapped(name, expert), t) for name, t in zip(names, types, strict=True)]
-            return make_weight(parts, n_cols, copy=True, lanes=False)
+            return make_weight(parts, n_cols, copy=True, lanes=STORE_LANES)
         sizes = [self._slice_bytes(name) for name in names]
-        blocks = packed_kind(types, lanes=False) == KIND_BLOCKS
+        blocks = packed_kind(types, lanes=STORE_LANES) == KIND_BLOCKS
         fresh = np.empty if arena is None else arena.empty
         buf = fresh(sum(sizes), np.uint8) if blocks else self._scratch(sum(sizes))
         parts, at = [], 0
@@ -453,7 +461,7 @@ class ExpertStore:
             at += size
         if blocks:  # the buffer is the copy: its rows are the parts' rows, end to end
             return blocks_weight(buf, parts)
-        return make_weight(parts, n_cols, lanes=False, arena=arena)
+        return make_weight(parts, n_cols, lanes=STORE_LANES, arena=arena)
 
     def _mapped(self, name: str, expert: int) -> np.ndarray:
         """The raw rows of one expert of a 3-D tensor, a view of the mapping."""

@@ -73,6 +73,7 @@ class Kind(enum.IntEnum):
     Q8 = 2  # 8-bit quants (stored biased, q + 128), with a float32 scale and offset per block
     BLOCKS = 3  # the file's own blocks, decoded a few rows at a time (``colibri.store.blocks``)
     Q5 = 4  # 5-bit quants: Q4's nibbles and a plane of fifth bits (only the Q5 formats, packed)
+    Q6 = 5  # 6-bit quants: Q4's nibbles and a plane of two high bits, 16-value blocks (Q6_K, packed)
 
 
 class PackLayout(NamedTuple):

@@ -7,7 +7,9 @@ four quant bytes of a row together,
 
     q[g, b, p, 4 r + k]   quant byte 4 p + k of block b of row GROUP*g + r  (Q4: a byte of two
                           nibbles, quants j and j + 16, as in the file; Q8: q + 128; Q5:
-                          Q4's nibbles in quads 0-3, the fifth bits in quad 4, FIFTH_BYTES)
+                          Q4's nibbles in quads 0-3, the fifth bits in quad 4, FIFTH_BYTES;
+                          Q6, 16-value blocks: nibbles of quants j and j + 8 in quads 0-1,
+                          the two high bits in quad 2, SIX_HIGH_BYTES)
     d[g, b, r]            that block's scale;  m[g, b, r] its offset (Q4_1's min; none kept where
                           every part's offset is its kind's fixed multiple of d: OFFSETS_Q4,
                           OFFSETS_Q5, OFFSETS_Q8)
@@ -42,7 +44,7 @@ import numba as nb
 import numpy as np
 
 from colibri.store.arena import Arena
-from colibri.store.blocks import dequantize_row
+from colibri.store.blocks import Q4_K_SIZE, Q6_K_SIZE, _scale_min_k4, dequantize_row
 from colibri.store.formats import FORMATS, GGMLType, Kind, computed_format, row_nbytes
 from colibri.store.halves import half
 from colibri.store.lanes import (
@@ -69,18 +71,27 @@ QUAD = 4
 # vector's fifth bits are then one shift and mask of the quad away (``simd.low_fives``).
 FIFTH_BYTES = BLOCK // 8
 Q5_BYTES = Q4_BYTES + FIFTH_BYTES
+# Q6 (Q6_K's 6-bit quants, scaled every 16 values): per 16-value block, 8 bytes of nibbles (quants
+# j and j + 8) in quads 0-1, then one quad of high bits, byte k of a row's quad bits 2p, 2p + 1
+# the high bits of quant 4 p + k and bits 4 + 2p, 5 + 2p those of quant 8 + 4 p + k
+# (``simd.low_sixes``): 12 bytes per 16 values, where Q8's lanes took 16 (Q6_K's packed row 1.31x
+# its file bytes in Q8, 1.01x here).
+Q6_VALUES = BLOCK // 2
+SIX_HIGH_BYTES = Q6_VALUES // 4
+Q6_BYTES = Q6_VALUES // 2 + SIX_HIGH_BYTES
 
 # The offset m of Q4_0 and Q8_0 blocks, a fixed multiple of d: a matrix of only those keeps no m
 # (a fifth fewer bytes to read per Q4_0 weight, a tenth per Q8_0 one) and the kernels derive it.
 OFFSET_Q4 = np.float32(FORMATS[GGMLType.Q4_0].pack.offset_scale)
 OFFSET_Q8 = np.float32(FORMATS[GGMLType.Q8_0].pack.offset_scale)
 OFFSET_Q5 = np.float32(-16.0)  # Q5_0's: value = d (q - 16)
+OFFSET_Q6 = np.float32(-32.0)  # Q6_K's: value = d sc (q - 32)
 
 # The kinds as plain ints, for numba (``Weight.kind``).
 KIND_F32, KIND_Q4, KIND_Q8, KIND_BLOCKS = int(Kind.FLOAT), int(Kind.Q4), int(Kind.Q8), int(Kind.BLOCKS)
-KIND_Q5 = int(Kind.Q5)
+KIND_Q5, KIND_Q6 = int(Kind.Q5), int(Kind.Q6)
 
-T_Q5_0 = int(GGMLType.Q5_0)
+T_Q5_0, T_Q4_K = int(GGMLType.Q5_0), int(GGMLType.Q4_K)
 
 
 class Weight(NamedTuple):
@@ -131,24 +142,27 @@ def weight_nbytes(w: Weight) -> int:
     return sum(a.nbytes for a in w if isinstance(a, np.ndarray))
 
 
-def packed_kind(types: list[int], lanes: bool = True) -> int:
+def packed_kind(types: list[int], lanes: bool | frozenset[GGMLType] = True) -> int:
     """The kind a stack of tensors computes as: their common packed kind (Q4 or Q8); with
-    ``lanes``, Q4, Q5 or Q8 too for the in-place formats whose scales are per 32 values
-    (``lanes.py``: Q4 when every part is 4-bit, Q5 when every part is 4- or 5-bit); else the
-    file's blocks in place when any part is of an in-place format (any mix, row by row); else
-    float32. An unknown type raises."""
+    ``lanes`` (True: every format of ``LANE_TYPES``; or the set of those to take), Q4, Q5 or Q8
+    too for the in-place formats that fit (``lanes.py``: Q4 when every part is 4-bit, Q5 when
+    every part is 4- or 5-bit); else the file's blocks in place when any part is of an in-place
+    format (any mix, row by row); else float32. An unknown type raises."""
     kinds = {int(computed_format(t).kind) for t in types}
     if len(kinds) == 1 and kinds <= {KIND_Q4, KIND_Q8}:
         return kinds.pop()
-    if lanes and KIND_F32 not in kinds and all(GGMLType(t) in LANE_TYPES or
-                                               int(computed_format(t).kind) != KIND_BLOCKS for t in types):
+    allowed = LANE_TYPES if lanes is True else lanes or frozenset()
+    if allowed and KIND_F32 not in kinds and all(GGMLType(t) in allowed or
+                                     int(computed_format(t).kind) != KIND_BLOCKS for t in types):
         if all(GGMLType(t) in FOUR_BIT for t in types):
             return KIND_Q4
+        if all(GGMLType(t) == GGMLType.Q6_K for t in types):
+            return KIND_Q6
         return KIND_Q5 if all(GGMLType(t) in FOUR_BIT | FIVE_BIT for t in types) else KIND_Q8
     return KIND_BLOCKS if KIND_BLOCKS in kinds else KIND_F32
 
 
-def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True) -> int:
+def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool | frozenset[GGMLType] = True) -> int:
     """Bytes ``make_weight`` will allocate for parts of (rows, block type), without reading them:
     the expert store budgets experts it has not packed yet."""
     kind, n_rows = packed_kind([t for _, t in parts], lanes), sum(rows for rows, _ in parts)
@@ -158,7 +172,7 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True)
         return sum(rows * row_nbytes(GGMLType(t), n_cols) + 32 for rows, t in parts)
     types = [t for _, t in parts]
     per = _quant_bytes(kind, types)  # quant bytes per block
-    values = BLOCK if kind in (KIND_Q4, KIND_Q5) else per
+    values = _block_values(kind, per)
     n_scales = 1 if _derived_offsets(types, kind) else 2  # d, and m unless derived
     n_blocks = n_cols // values
     if _sub_scaled(types):  # a float32 per super-block and an int8 per block, each
@@ -173,6 +187,7 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool = True)
 # Q6_K's by 96, IQ4's grid is stored +128).
 OFFSETS_Q4 = frozenset({GGMLType.Q4_0})
 OFFSETS_Q5 = frozenset({GGMLType.Q5_0})
+OFFSETS_Q6 = frozenset({GGMLType.Q6_K})
 OFFSETS_Q8 = frozenset({GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.Q6_K})
 
 
@@ -200,13 +215,18 @@ def _half_scales(types: list[int]) -> bool:
 
 def _derived_offsets(types: list[int], kind: int) -> bool:
     """Whether every part's offset is its kind's fixed multiple of d, so that m is not stored."""
-    own = OFFSETS_Q4 if kind == KIND_Q4 else OFFSETS_Q5 if kind == KIND_Q5 else OFFSETS_Q8
+    own = {KIND_Q4: OFFSETS_Q4, KIND_Q5: OFFSETS_Q5, KIND_Q6: OFFSETS_Q6}.get(kind, OFFSETS_Q8)
     return all(GGMLType(t) in own for t in types)
 
 
 def _quant_bytes(kind: int, types: list[int]) -> int:
     """Quant bytes per block per row of a packing of ``kind``."""
-    return Q4_BYTES if kind == KIND_Q4 else Q5_BYTES if kind == KIND_Q5 else _q8_block(types)
+    return {KIND_Q4: Q4_BYTES, KIND_Q5: Q5_BYTES, KIND_Q6: Q6_BYTES}.get(kind) or _q8_block(types)
+
+
+def _block_values(kind: int, per: int) -> int:
+    """Values per block of a packing of ``kind`` with ``per`` quant bytes per block."""
+    return {KIND_Q4: BLOCK, KIND_Q5: BLOCK, KIND_Q6: Q6_VALUES}.get(kind, per)
 
 
 def _q8_block(types: list[int]) -> int:
@@ -215,7 +235,7 @@ def _q8_block(types: list[int]) -> int:
 
 
 def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = False,
-                lanes: bool = True, arena: Arena | None = None) -> Weight:
+                lanes: bool | frozenset[GGMLType] = True, arena: Arena | None = None) -> Weight:
     """One matrix from the raw GGUF rows of one or more tensors stacked by rows (q, k and v
     become one matmul). Parts of one packed kind pack to it, and so (``lanes``) do the in-place
     formats that fit (``packed_kind``); other parts of an in-place format keep their bytes (a view
@@ -228,7 +248,7 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
     if kind != KIND_F32:
         types = [t for _, t in parts]
         per = _quant_bytes(kind, types)
-        groups, n_blocks = -(-n_rows // GROUP), n_cols // (BLOCK if kind in (KIND_Q4, KIND_Q5) else per)
+        groups, n_blocks = -(-n_rows // GROUP), n_cols // _block_values(kind, per)
         halves, derived, subbed = _half_scales(types), _derived_offsets(types, kind), _sub_scaled(types)
         # Every byte is written when the rows fill whole groups: no zeroing pass (a miss packs an
         # expert into fresh memory on every use); else zeros, for the last group's empty rows.
@@ -245,6 +265,14 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
         for raw, t in parts:
             fmt = FORMATS[GGMLType(t)]
             layout = fmt.pack
+            if subbed and kind == KIND_Q4 and t == T_Q4_K:
+                _pack_q4_k(np.ascontiguousarray(raw), row, q, d, m, sd, sm)
+                row += raw.shape[0]
+                continue
+            if kind == KIND_Q6:
+                _pack_q6_k(np.ascontiguousarray(raw), row, q, d, sd)
+                row += raw.shape[0]
+                continue
             if subbed:
                 _pack_sub_scales(raw, t, n_cols // n_blocks, row, d, m, sd, sm)
             if kind == KIND_Q5:
@@ -373,6 +401,91 @@ def _pack_words(raw: np.ndarray, size: int, quants_at: int, min_at: int, flip: n
                 for r in range(first, last):
                     at = r * row_h + b * size_h + quants_h + 2 * p
                     words[dst + r] = (np.uint32(h[at]) | (np.uint32(h[at + 1]) << np.uint32(16))) ^ flip
+
+
+@nb.njit(parallel=True, **KERNEL)
+def _pack_q4_k(raw: np.ndarray, row0: int, q: np.ndarray, d: np.ndarray, m: np.ndarray, sd: np.ndarray,
+               sm: np.ndarray) -> None:
+    """Raw Q4_K rows into rows ``row0..`` of sub-scaled Q4 lanes, the groups in parallel: what
+    ``_pack_lanes`` and ``_pack_sub_scales`` write, bit for bit, as moves of 32-bit words. A
+    super-block's 32 quant bytes ``j64`` hold sub-blocks ``2 j64`` (low nibbles) and ``2 j64 + 1``
+    (high), and a Q4 lane byte j is quants j and j + 16 of its block: one mask and shift per word.
+    The expert store packs every miss of a K-quant expert so (they compute on the lanes in every
+    tier): 0.64 ms an expert matrix of 768 x 1024 by way of ``lane_row``, 6-8 GB/s here."""
+    words = q.reshape(-1).view(np.uint32)
+    n_blocks, n_sup = q.shape[1], d.shape[1]
+    row_words = raw.shape[1] // 4
+    src = raw.reshape(-1).view(np.uint32)
+    g0, lane0 = divmod(row0, GROUP)
+    n_rows = raw.shape[0]
+    low, high = np.uint32(0x0F0F0F0F), np.uint32(0xF0F0F0F0)
+    four = np.uint32(4)
+    for gi in nb.prange((lane0 + n_rows + GROUP - 1) // GROUP):
+        g = g0 + gi
+        first = max(0, gi * GROUP - lane0)
+        last = min(n_rows, (gi + 1) * GROUP - lane0)
+        for r in range(first, last):
+            lane = r + lane0 - gi * GROUP
+            row = raw[r]
+            for s in range(n_sup):
+                base = s * Q4_K_SIZE
+                d[g, s, lane] = half(row[base], row[base + 1])
+                m[g, s, lane] = -half(row[base + 2], row[base + 3])
+                for j in range(QK_K // BLOCK):
+                    sc, mn = _scale_min_k4(row, base + 4, j)
+                    sd[g, s * (QK_K // BLOCK) + j, lane] = sc
+                    sm[g, s * (QK_K // BLOCK) + j, lane] = mn
+                qs = r * row_words + (base + 16) // 4  # the super-block's quants, in words
+                for j64 in range(4):
+                    b = s * (QK_K // BLOCK) + 2 * j64
+                    for p in range(Q4_BYTES // QUAD):
+                        w0 = src[qs + 8 * j64 + p]  # bytes 4p.. of the 32: quants 4p.. of both blocks
+                        w1 = src[qs + 8 * j64 + 4 + p]  # bytes 16 + 4p..
+                        lo_at = ((g * n_blocks + b) * (Q4_BYTES // QUAD) + p) * GROUP + lane
+                        hi_at = lo_at + (Q4_BYTES // QUAD) * GROUP
+                        words[lo_at] = (w0 & low) | ((w1 & low) << four)
+                        words[hi_at] = ((w0 >> four) & low) | (w1 & high)
+
+
+@nb.njit(parallel=True, **KERNEL)
+def _pack_q6_k(raw: np.ndarray, row0: int, q: np.ndarray, d: np.ndarray, sd: np.ndarray) -> None:
+    """Raw Q6_K rows into rows ``row0..`` of Q6 lanes (``Q6_BYTES``), the groups in parallel: per
+    super-block its d (the offset -32 d is derived: ``OFFSET_Q6``), per 16 values its int8 scale,
+    and the quants unshifted, 0..63, as ``lanes._q6_k`` reads them from ``ql`` and ``qh``."""
+    n_sup = d.shape[1]
+    per_sup = QK_K // Q6_VALUES
+    g0, lane0 = divmod(row0, GROUP)
+    n_rows = raw.shape[0]
+    for gi in nb.prange((lane0 + n_rows + GROUP - 1) // GROUP):
+        g = g0 + gi
+        first = max(0, gi * GROUP - lane0)
+        last = min(n_rows, (gi + 1) * GROUP - lane0)
+        v = np.empty(QK_K, np.int64)  # a super-block's quants
+        for r in range(first, last):
+            lane = r + lane0 - gi * GROUP
+            row = raw[r]
+            for s in range(n_sup):
+                base = s * Q6_K_SIZE
+                d[g, s, lane] = half(row[base + 208], row[base + 209])
+                for n in range(2):
+                    ql, qh, y = base + 64 * n, base + 128 + 32 * n, 128 * n
+                    for i in range(32):
+                        lo0, lo1, h = np.int64(row[ql + i]), np.int64(row[ql + i + 32]), np.int64(row[qh + i])
+                        v[y + i] = (lo0 & 15) | ((h & 3) << 4)
+                        v[y + i + 32] = (lo1 & 15) | (((h >> 2) & 3) << 4)
+                        v[y + i + 64] = (lo0 >> 4) | (((h >> 4) & 3) << 4)
+                        v[y + i + 96] = (lo1 >> 4) | ((h >> 6) << 4)
+                for j in range(per_sup):
+                    b = s * per_sup + j
+                    sd[g, b, lane] = np.int8(row[base + 192 + j])
+                    qb, x = q[g, b], Q6_VALUES * j
+                    for k in range(QUAD):
+                        high = 0
+                        for p in range(2):
+                            lo, hi = v[x + QUAD * p + k], v[x + Q6_VALUES // 2 + QUAD * p + k]
+                            qb[p, QUAD * lane + k] = (lo & 15) | ((hi & 15) << 4)
+                            high |= ((lo >> 4) << (2 * p)) | ((hi >> 4) << (4 + 2 * p))
+                        qb[2, QUAD * lane + k] = high
 
 
 @nb.njit(**KERNEL)

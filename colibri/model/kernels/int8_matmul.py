@@ -33,12 +33,14 @@ from colibri.model.kernels.simd import (
     fma_float,
     high_fives,
     high_nibbles,
+    high_sixes,
     load_bytes,
     load_i8_floats,
     load_quad,
     load_scales,
     low_fives,
     low_nibbles,
+    low_sixes,
     mul_float,
     splat_float,
     splat_int,
@@ -52,10 +54,13 @@ from colibri.store.packed import (
     GROUP,
     KIND_Q4,
     KIND_Q5,
+    KIND_Q6,
     OFFSET_Q4,
     OFFSET_Q5,
+    OFFSET_Q6,
     OFFSET_Q8,
     Q5_BYTES,
+    Q6_BYTES,
     QUAD,
     Weight,
     slot,
@@ -67,8 +72,8 @@ ROWS = 4
 # Bytes of a packed block's quad p, across a group's rows: GROUP rows x 4 bytes.
 QUAD_BYTES = 4 * GROUP
 # The fixed offsets of Q4_0 and Q8_0 (m = OFFSET d) as integers: applied in the integer sum.
-_OFF_Q4, _OFF_Q5, _OFF_Q8 = int(OFFSET_Q4), int(OFFSET_Q5), int(OFFSET_Q8)
-assert _OFF_Q4 == OFFSET_Q4 and _OFF_Q5 == OFFSET_Q5 and _OFF_Q8 == OFFSET_Q8
+_OFF_Q4, _OFF_Q5, _OFF_Q6, _OFF_Q8 = int(OFFSET_Q4), int(OFFSET_Q5), int(OFFSET_Q6), int(OFFSET_Q8)
+assert _OFF_Q4 == OFFSET_Q4 and _OFF_Q5 == OFFSET_Q5 and _OFF_Q6 == OFFSET_Q6 and _OFF_Q8 == OFFSET_Q8
 # The quant range of every level, and how much finer each level's step is than the one before:
 # a remainder is within half a step, so 2 x 127 finer steps span it.
 Q_MAX = np.float32(127.0)
@@ -165,10 +170,19 @@ def _dot(i1, i2, w, xqf, at: int, k: int):  # noqa: ANN001, ANN202
 @nb.njit(inline="always", **KERNEL)
 def _halves(v, h, p: int, bits: int):  # noqa: ANN001, ANN202
     """The quants of weight vector ``v`` (quad ``p`` of a block) as bytes: Q4's low and high
-    nibbles (quants 4p.. and 16 + 4p..), Q5's with their fifth bits from ``h``."""
+    nibbles (quants 4p.. and 16 + 4p..), Q5's with their fifth bits from ``h``, Q6's (quants 4p..
+    and 8 + 4p.. of 16) with their two high bits from ``h``."""
     if bits == 5:
         return low_fives(v, h, p), high_fives(v, h, p)
+    if bits == 6:
+        return low_sixes(v, h, p), high_sixes(v, h, p)
     return low_nibbles(v), high_nibbles(v)
+
+
+@nb.njit(inline="always", **KERNEL)
+def _half_values(bits: int) -> int:
+    """Values of a block's first half, whose quants are the low nibbles: Q6's blocks are of 16."""
+    return 8 if bits == 6 else BLOCK // 2
 
 
 @nb.njit(inline="always", **KERNEL)
@@ -179,14 +193,15 @@ def _row_block_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int)
     ``bits``: 4 or 5 (two quants a byte, Q5's fifth bits in the block's last quad) or 8."""
     a1 = a2 = c1 = c2 = z
     hv = hu = z
-    if bits == 5:
+    planed = bits == 5 or bits == 6  # the high bits in the block's last quad
+    if planed:
         hv = load_bytes(qf, base + (quads - 1) * QUAD_BYTES)
         hu = load_bytes(qf, base + (quads - 1) * QUAD_BYTES + 4 * LANES)
-    for p in range(quads - 1 if bits == 5 else quads):
+    for p in range(quads - 1 if planed else quads):
         v = load_bytes(qf, base + p * QUAD_BYTES)
         u = load_bytes(qf, base + p * QUAD_BYTES + 4 * LANES)
         if bits != 8:
-            at, ah = x0 + 4 * p, x0 + BLOCK // 2 + 4 * p
+            at, ah = x0 + 4 * p, x0 + _half_values(bits) + 4 * p
             lo, hi = _halves(v, hv, p, bits)
             a1, a2 = _dot(a1, a2, lo, xqf, at, k)
             a1, a2 = _dot(a1, a2, hi, xqf, ah, k)
@@ -199,20 +214,23 @@ def _row_block_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int)
     return a1, a2, c1, c2
 
 
-# Q5's loops in a copy of their own, its width and its quads per block constants: the quad
+# Q5's (and Q6's) loops in a copy of their own, its width and its quads per block constants: the quad
 # loop then unrolls and the fifth bits' shifts (by the quad's index) become immediates, where a
 # run-time width kept a test, a variable shift and the masks' loads in every quad. The default
 # model's Q4_K_M (mostly Q5_0 where its rows of 576 take no K-quant) decodes 10% faster at one
 # row and 6% at 16 (docs/performance.md); Q4's and Q8's copies (tried) gave nothing measurable
 # and cost compile time, so they keep the shared loop.
 Q5_QUADS = Q5_BYTES // QUAD
+Q6_QUADS = Q6_BYTES // QUAD
 
 
 @nb.njit(inline="always", **KERNEL)
 def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
-    """``_row_block_of``, Q5's copy with its width and quads constants (``Q5_QUADS``)."""
+    """``_row_block_of``, Q5's and Q6's copies with their widths and quads constants."""
     if bits == 5:
         return _row_block_of(z, qf, base, Q5_QUADS, xqf, x0, k, 5)
+    if bits == 6:
+        return _row_block_of(z, qf, base, Q6_QUADS, xqf, x0, k, 6)
     return _row_block_of(z, qf, base, quads, xqf, x0, k, bits)
 
 
@@ -222,12 +240,13 @@ def _four_blocks_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: in
     loaded and split once. Each row's sums take ``_row_block``'s steps."""
     a1 = a2 = b1 = b2 = c1 = c2 = e1 = e2 = z
     r = LEVELS * k
-    h = load_bytes(qf, base + (quads - 1) * QUAD_BYTES) if bits == 5 else z
-    for p in range(quads - 1 if bits == 5 else quads):
+    planed = bits == 5 or bits == 6
+    h = load_bytes(qf, base + (quads - 1) * QUAD_BYTES) if planed else z
+    for p in range(quads - 1 if planed else quads):
         v = load_bytes(qf, base + p * QUAD_BYTES)
         if bits != 8:
             lo, hi = _halves(v, h, p, bits)
-            at, ah = x0 + 4 * p, x0 + BLOCK // 2 + 4 * p
+            at, ah = x0 + 4 * p, x0 + _half_values(bits) + 4 * p
             a1, a2 = _dot(a1, a2, lo, xqf, at, k)
             a1, a2 = _dot(a1, a2, hi, xqf, ah, k)
             b1, b2 = _dot(b1, b2, lo, xqf, at + r, k)
@@ -247,9 +266,11 @@ def _four_blocks_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: in
 
 @nb.njit(inline="always", **KERNEL)
 def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
-    """``_four_blocks_of``, Q5's copy with its width and quads constants (``Q5_QUADS``)."""
+    """``_four_blocks_of``, Q5's and Q6's copies with their widths and quads constants."""
     if bits == 5:
         return _four_blocks_of(z, qf, base, Q5_QUADS, xqf, x0, k, 5)
+    if bits == 6:
+        return _four_blocks_of(z, qf, base, Q6_QUADS, xqf, x0, k, 6)
     return _four_blocks_of(z, qf, base, quads, xqf, x0, k, bits)
 
 
@@ -261,8 +282,8 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
     ``ds``, ``ms``: the weight's scales and offsets, float32 or halves (d and m, or dh and mh).
     One copy of the loops for every kind, its bit width decided at run time (a copy per kind
     made 16 rows 12% faster but compiled 3.5-4x slower), but Q5's block loops (``Q5_QUADS``)."""
-    bits = 4 if w.kind == KIND_Q4 else 5 if w.kind == KIND_Q5 else 8
-    off = _OFF_Q4 if bits == 4 else _OFF_Q5 if bits == 5 else _OFF_Q8
+    bits = 4 if w.kind == KIND_Q4 else 5 if w.kind == KIND_Q5 else 6 if w.kind == KIND_Q6 else 8
+    off = _OFF_Q4 if bits == 4 else _OFF_Q5 if bits == 5 else _OFF_Q6 if bits == 6 else _OFF_Q8
     quads = w.q.shape[2]
     t_rows, k = xq.shape[0], xq.shape[2]
     n_blocks = w.q.shape[1]

@@ -219,6 +219,33 @@ def high_fives(typingctx, v, h, p):  # noqa: ANN001, ANN201
     return i32x16(v, h, p), codegen
 
 
+_SIXTH = ir.Constant(_VI, [0x30303030] * LANES)
+
+
+@intrinsic
+def low_sixes(typingctx, v, h, p):  # noqa: ANN001, ANN201
+    """Q6 lanes (``colibri.store.packed``): each byte's low nibble of ``v`` with its two high
+    bits, bits ``2p`` and ``2p + 1`` of the same byte of ``h``, above it (a block's first half)."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        p2 = builder.shl(context.cast(builder, args[2], sig.args[2], types.int32), ir.Constant(_I32, 1))
+        shift = builder.sub(ir.Constant(_I32, 4), p2)
+        high = builder.and_(builder.shl(args[1], _splat(builder, shift, _VI)), _SIXTH)
+        return builder.or_(builder.and_(args[0], _NIBBLE), high)
+    return i32x16(v, h, p), codegen
+
+
+@intrinsic
+def high_sixes(typingctx, v, h, p):  # noqa: ANN001, ANN201
+    """Each byte's high nibble of ``v`` with its two high bits, bits ``4 + 2p`` and ``5 + 2p`` of
+    ``h``'s byte (a block's second half)."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        shift = builder.shl(context.cast(builder, args[2], sig.args[2], types.int32), ir.Constant(_I32, 1))
+        high = builder.and_(builder.lshr(args[1], _splat(builder, shift, _VI)), _SIXTH)
+        nibble = builder.and_(builder.lshr(args[0], _FOUR), _NIBBLE)
+        return builder.or_(nibble, high)
+    return i32x16(v, h, p), codegen
+
+
 def _dpbusd_generic(builder, acc, u8, s8):  # noqa: ANN001, ANN202
     """vpdpbusd's arithmetic in plain IR: lane i += sum over k < 4 of u8[4i+k] * s8[4i+k]."""
     wide = ir.VectorType(_I32, 4 * LANES)

@@ -34,7 +34,7 @@ from colibri.model.network.layers import FFN, load_ffn, swiglu_ffn
 from colibri.model.network.weights import load_matrix, optional_vector
 from colibri.store.experts import HEAT_DECAY, ExpertStore, ExpertWeights, note_routing
 from colibri.store.gguf import GGUFError, GGUFFile
-from colibri.store.packed import EMPTY_WEIGHT, KIND_Q4, KIND_Q5, KIND_Q8, slot
+from colibri.store.packed import EMPTY_WEIGHT, KIND_Q4, KIND_Q5, KIND_Q6, KIND_Q8, slot
 
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
 _SLOT_0 = np.zeros(1, np.int64)  # an expert handed out alone is slot 0 of a pool of one
@@ -45,7 +45,7 @@ _JIT = dict(nogil=True, cache=True)
 _JIT_FAST = dict(nogil=True, cache=True, fastmath=True)
 
 # The packed kinds whose decode rows take integer dot products (``int8_matmul``).
-_INT8_KINDS = (KIND_Q4, KIND_Q5, KIND_Q8)
+_INT8_KINDS = (KIND_Q4, KIND_Q5, KIND_Q6, KIND_Q8)
 
 
 class Routing(NamedTuple):
