@@ -260,7 +260,8 @@ def test_q4_k_and_q6_k_decode_rows_take_the_integer_path_on_the_blocks():
     (GGMLType.Q4_K, GGMLType.Q6_K), (GGMLType.Q6_K, GGMLType.Q5_K, GGMLType.Q4_K),
 ], ids=["q4_k", "q5_k", "q6_k", "q4_k_q5_k", "q4_k_q6_k", "q6_k_q5_k_q4_k"])
 def test_k_quant_lanes_keep_the_files_scales_and_compute_the_same_bits(types: tuple):
-    """K-quants in lanes keep a float32 per super-block and an integer per block (``SUB_SCALED``),
+    """K-quants in lanes keep a scale per super-block, the file's half (a float32 where a mix
+    stores Q6_K's m, -128 d: ``packed._sub_halves``), and an integer per block (``SUB_SCALED``),
     as the file does: their products are the scales a float32 per block held (``lane_row``'s,
     bit for bit), so the kernel computes the same bits from fewer bytes."""
     rng = np.random.default_rng(17)
@@ -269,11 +270,15 @@ def test_k_quant_lanes_keep_the_files_scales_and_compute_the_same_bits(types: tu
     weight = make_weight(parts, k)
     per = k // weight.q.shape[1]  # values per block: 16 with Q6_K in the stack
     ratio = QK_K // per
-    assert weight.sd.shape == (weight.q.shape[0], k // per, GROUP) and weight.d.shape[1] == k // QK_K
+    halves = GGMLType.Q6_K not in types or types == (GGMLType.Q6_K,)
+    widen = lambda a: a.view(np.float16).astype(np.float32)  # noqa: E731
+    sup_d, sup_m = (widen(weight.dh), widen(weight.mh)) if halves else (weight.d, weight.m)
+    assert weight.sd.shape == (weight.q.shape[0], k // per, GROUP) and sup_d.shape[1] == k // QK_K
+    assert (weight.d.size == 0) == halves
     assert (weight.sm.size == 0) == (types == (GGMLType.Q6_K,))  # Q6_K alone: its offset is derived
     assert packed_nbytes([(p.shape[0], t) for p, t in parts], k) == weight_nbytes(weight)
-    d_full = np.repeat(weight.d, ratio, axis=1) * weight.sd.astype(np.float32)
-    m_full = np.repeat(weight.m, ratio, axis=1) * weight.sm.astype(np.float32) if weight.sm.size else weight.m
+    d_full = np.repeat(sup_d, ratio, axis=1) * weight.sd.astype(np.float32)
+    m_full = np.repeat(sup_m, ratio, axis=1) * weight.sm.astype(np.float32) if weight.sm.size else weight.m
     # the products are lane_row's scales and offsets, row by row
     row = 0
     for raw, t in parts:
@@ -291,16 +296,16 @@ def test_k_quant_lanes_keep_the_files_scales_and_compute_the_same_bits(types: tu
             row += 1
     # and the kernel on them gives the bits of the same weight with a float32 scale per block
     widened = weight._replace(d=np.ascontiguousarray(d_full), m=np.ascontiguousarray(m_full),
-                              sd=weight.sd[:0], sm=weight.sm[:0])
+                              dh=weight.dh[:0], mh=weight.mh[:0], sd=weight.sd[:0], sm=weight.sm[:0])
     for t in (1, 3, 4, 7, 16):
         x = rng.standard_normal((t, k)).astype(np.float32)
         ours, wide = (np.full((t, weight.n_rows), np.nan, np.float32) for _ in range(2))
         qmatmul(x, weight, ours, t)
         qmatmul(x, widened, wide, t)
         assert np.array_equal(ours, wide)
-    # the bytes: a block's quants, an int8 d (and m) per block, a float32 per super-block
-    n_scales = 1 if weight.m.size == 0 else 2
-    per_row = (k // per) * (weight.q.shape[2] * 4 + n_scales) + n_scales * 4 * (k // QK_K)
+    # the bytes: a block's quants, an int8 d (and m) per block, a half or float32 per super-block
+    n_scales = 1 if weight.sm.size == 0 else 2
+    per_row = (k // per) * (weight.q.shape[2] * 4 + n_scales) + n_scales * (2 if halves else 4) * (k // QK_K)
     assert weight_nbytes(weight) == weight.q.shape[0] * GROUP * per_row
 
 
@@ -313,14 +318,15 @@ def test_q4_k_packs_word_by_word_as_value_by_value():
     raw, _ = random_rows(rng, n, k, GGMLType.Q4_K)
     t = int(GGMLType.Q4_K)
     fast = make_weight([(raw, t)], k)
-    assert fast.kind == KIND_Q4 and fast.sd.size
-    q, d, m, sd, sm = (np.zeros_like(a) for a in (fast.q, fast.d, fast.m, fast.sd, fast.sm))
-    packed._pack_sub_scales(raw, t, BLOCK, 0, d, m, sd, sm)
+    assert fast.kind == KIND_Q4 and fast.sd.size and fast.d.size == 0  # the file's halves
+    q, d, m, dh, mh, sd, sm = (np.zeros_like(a) for a in (fast.q, fast.d, fast.m, fast.dh, fast.mh, fast.sd,
+                                                          fast.sm))
+    packed._pack_sub_scales(raw, t, BLOCK, 0, d, m, dh, mh, sd, sm)
     packed._pack_lanes(raw, t, k, 0, q, d, m)
-    for ours, generic in zip((fast.q, fast.d, fast.m, fast.sd, fast.sm), (q, d, m, sd, sm), strict=True):
-        assert np.array_equal(ours.view(np.uint8), generic.view(np.uint8))
+    for ours, generic in zip((fast.q, fast.dh, fast.mh, fast.sd, fast.sm), (q, dh, mh, sd, sm), strict=True):
+        assert np.array_equal(ours, generic)
     split = make_weight([(raw[:40], t), (raw[40:77], t), (raw[77:], t)], k)
-    for name in ("q", "d", "m", "sd", "sm"):
+    for name in ("q", "dh", "mh", "sd", "sm"):
         assert np.array_equal(getattr(split, name), getattr(fast, name)), name
 
 
@@ -332,7 +338,7 @@ def test_q6_lanes_hold_q6_k_quants_and_scales():
     k, n = 512, 45
     raw, _ = random_rows(rng, n, k, GGMLType.Q6_K)
     w = make_weight([(raw, int(GGMLType.Q6_K))], k)
-    assert w.kind == KIND_Q6 and w.q.shape[1:] == (k // 16, Q6_BYTES // 4, 4 * GROUP) and w.m.size == 0
+    assert w.kind == KIND_Q6 and w.q.shape[1:] == (k // 16, Q6_BYTES // 4, 4 * GROUP) and w.mh.size == 0
     assert weight_nbytes(w) <= 1.02 * raw.nbytes / n * (-(-n // GROUP) * GROUP)  # whole groups of rows
     qs, ds, ms = np.empty(k, np.uint8), np.empty(k // 16, np.float32), np.empty(k // 16, np.float32)
     for r in range(n):
@@ -347,5 +353,6 @@ def test_q6_lanes_hold_q6_k_quants_and_scales():
             vals[:, j] = (nib[:, j] & 15) | (((high[:, kk] >> (2 * p)) & 3) << 4)
             vals[:, 8 + j] = (nib[:, j] >> 4) | (((high[:, kk] >> (4 + 2 * p)) & 3) << 4)
         assert np.array_equal(vals.reshape(-1), qs.astype(np.int64) - 96)
-        scales = np.repeat(w.d[g, :, lane], QK_K // 16) * w.sd[g, :, lane].astype(np.float32)
+        d_sup = w.dh[g, :, lane].view(np.float16).astype(np.float32)
+        scales = np.repeat(d_sup, QK_K // 16) * w.sd[g, :, lane]
         assert np.array_equal(scales, ds)

@@ -21,9 +21,9 @@ four quant bytes of a row together,
 
 so that one 64-byte vector holds four consecutive quants of each of 16 rows: the 32-bit lanes of
 an integer dot product (``colibri.model.kernels.int8_matmul``), one lane per row, and no
-horizontal sums. The bits stay 4-, 5- or 8-bit, the scales of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
-the file's halves (a packed matrix is its file bytes), the K-quants' a float32 per super-block
-and an integer per block (as the file's); others' scales, computed, are float32. Float formats,
+horizontal sums. The bits stay 4-, 5-, 6- or 8-bit, the scales of Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
+the file's halves (a packed matrix is its file bytes), the K-quants' the file's half per
+super-block and integer per block; others' scales, computed, are float32. Float formats,
 and stacks that mix kinds, are widened to float32 rows. Packing is deterministic, so a resident
 copy and one packed from the file on a miss give the same bits. The formats themselves are the
 table in ``formats.py``. The other formats (Q5, the K-quants, IQ4) are
@@ -44,7 +44,7 @@ import numba as nb
 import numpy as np
 
 from colibri.store.arena import Arena
-from colibri.store.blocks import Q4_K_SIZE, Q6_K_SIZE, _scale_min_k4, dequantize_row
+from colibri.store.blocks import Q4_K_SIZE, Q5_K_SIZE, Q6_K_SIZE, _scale_min_k4, dequantize_row
 from colibri.store.formats import FORMATS, GGMLType, Kind, computed_format, row_nbytes
 from colibri.store.halves import half
 from colibri.store.lanes import (
@@ -91,7 +91,9 @@ OFFSET_Q6 = np.float32(-32.0)  # Q6_K's: value = d sc (q - 32)
 KIND_F32, KIND_Q4, KIND_Q8, KIND_BLOCKS = int(Kind.FLOAT), int(Kind.Q4), int(Kind.Q8), int(Kind.BLOCKS)
 KIND_Q5, KIND_Q6 = int(Kind.Q5), int(Kind.Q6)
 
-T_Q5_0, T_Q4_K = int(GGMLType.Q5_0), int(GGMLType.Q4_K)
+T_Q5_0, T_Q4_K, T_Q6_K = int(GGMLType.Q5_0), int(GGMLType.Q4_K), int(GGMLType.Q6_K)
+# A half's sign bit: m = -dmin is dmin's half with it flipped.
+_SIGN = np.uint16(0x8000)
 
 
 class Weight(NamedTuple):
@@ -110,7 +112,7 @@ class Weight(NamedTuple):
     dh: np.ndarray  # uint16 [G, nb, GROUP]: d as halves (HALF_SCALES; d is then empty)
     mh: np.ndarray  # uint16 [G, nb, GROUP]: m as halves
     sd: np.ndarray  # int8 [G, nb, GROUP]: a block's multiple of its super-block's d (SUB_SCALED;
-    #                 d and m are then float32 [G, nb / blocks per super-block, GROUP])
+    #                 d and m, or dh and mh, are then [G, nb / blocks per super-block, GROUP])
     sm: np.ndarray  # int8 [G, nb, GROUP]: the same for m
 
 
@@ -175,8 +177,9 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool | froze
     values = _block_values(kind, per)
     n_scales = 1 if _derived_offsets(types, kind) else 2  # d, and m unless derived
     n_blocks = n_cols // values
-    if _sub_scaled(types):  # a float32 per super-block and an int8 per block, each
-        scales = n_scales * (n_cols // QK_K * 4 + n_blocks)
+    if _sub_scaled(types):  # a half (or float32) per super-block and an int8 per block, each
+        sup = 2 if _sub_halves(types, _derived_offsets(types, kind)) else 4
+        scales = n_scales * (n_cols // QK_K * sup + n_blocks)
     else:
         scales = n_scales * n_blocks * (2 if _half_scales(types) else 4)
     return -(-n_rows // GROUP) * GROUP * (n_blocks * per + scales)
@@ -199,14 +202,23 @@ HALF_SCALES = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q8_0, GGMLType.Q
 
 # The formats whose block scales are their super-block's half times a small integer per block
 # (``lanes.sub_scales``): a stack of only these keeps that integer per block (``sd``, ``sm``) and
-# one float32 per super-block, 1.25-1.5 bytes a scale per block and row where a float32 per block
-# took 4: Q4_K's packed row (d and m) 24 -> 19 bytes per 32 values, Q6_K's (d) 20 -> 17.25 per 16.
+# the super-block's half (``_sub_halves``; float32 for a mix that stores Q6_K's m), ~1.1 bytes a
+# scale per block and row where a float32 per block took 4: Q4_K's packed row (d and m) 24 -> 18.5
+# bytes per 32 values (its file's 18), Q6_K's in Q6 lanes 12 + 1.125 per 16 (its file's 13.1).
 # The kernels multiply them back (the same float32 product the decoder makes).
 SUB_SCALED = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K})
 
 
 def _sub_scaled(types: list[int]) -> bool:
     return all(GGMLType(t) in SUB_SCALED for t in types)
+
+
+def _sub_halves(types: list[int], derived: bool) -> bool:
+    """Whether a sub-scaled stack keeps its super-blocks' scales as the file's halves: d is one,
+    and m is (-dmin, Q4_K's and Q5_K's) or is derived (Q6_K alone); a mix storing Q6_K's m,
+    -128 d, would overflow a half where d > 511, and keeps float32."""
+    minned = all(GGMLType(t) in (GGMLType.Q4_K, GGMLType.Q5_K) for t in types)
+    return _sub_scaled(types) and (derived or minned)
 
 
 def _half_scales(types: list[int]) -> bool:
@@ -250,15 +262,17 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
         per = _quant_bytes(kind, types)
         groups, n_blocks = -(-n_rows // GROUP), n_cols // _block_values(kind, per)
         halves, derived, subbed = _half_scales(types), _derived_offsets(types, kind), _sub_scaled(types)
+        sub_halves = _sub_halves(types, derived)
         # Every byte is written when the rows fill whole groups: no zeroing pass (a miss packs an
         # expert into fresh memory on every use); else zeros, for the last group's empty rows.
         new = arena.empty if arena is not None else np.empty if n_rows % GROUP == 0 else np.zeros
         q = new((groups, n_blocks, per // QUAD, QUAD * GROUP), np.uint8)
-        n_scales = n_cols // QK_K if subbed else n_blocks  # float32 scales per row
-        d = _EMPTY_S if halves else new((groups, n_scales, GROUP), np.float32)
-        m = _EMPTY_S if derived or halves else new((groups, n_scales, GROUP), np.float32)
-        dh = new((groups, n_blocks, GROUP), np.uint16) if halves else _EMPTY_H
-        mh = new((groups, n_blocks, GROUP), np.uint16) if halves and not derived else _EMPTY_H
+        n_scales = n_cols // QK_K if subbed else n_blocks  # scales per row
+        kept = halves or sub_halves  # the scales as the file's halves
+        d = _EMPTY_S if kept else new((groups, n_scales, GROUP), np.float32)
+        m = _EMPTY_S if derived or kept else new((groups, n_scales, GROUP), np.float32)
+        dh = new((groups, n_scales, GROUP), np.uint16) if kept else _EMPTY_H
+        mh = new((groups, n_scales, GROUP), np.uint16) if kept and not derived else _EMPTY_H
         sd = new((groups, n_blocks, GROUP), np.int8) if subbed else _EMPTY_I
         sm = new((groups, n_blocks, GROUP), np.int8) if subbed and not derived else _EMPTY_I
         row = 0
@@ -266,15 +280,15 @@ def make_weight(parts: list[tuple[np.ndarray, int]], n_cols: int, copy: bool = F
             fmt = FORMATS[GGMLType(t)]
             layout = fmt.pack
             if subbed and kind == KIND_Q4 and t == T_Q4_K:
-                _pack_q4_k(np.ascontiguousarray(raw), row, q, d, m, sd, sm)
+                _pack_q4_k(np.ascontiguousarray(raw), row, q, dh, mh, sd, sm)
                 row += raw.shape[0]
                 continue
             if kind == KIND_Q6:
-                _pack_q6_k(np.ascontiguousarray(raw), row, q, d, sd)
+                _pack_q6_k(np.ascontiguousarray(raw), row, q, dh, sd)
                 row += raw.shape[0]
                 continue
             if subbed:
-                _pack_sub_scales(raw, t, n_cols // n_blocks, row, d, m, sd, sm)
+                _pack_sub_scales(raw, t, n_cols // n_blocks, row, d, m, dh, mh, sd, sm)
             if kind == KIND_Q5:
                 _pack_fives(raw, t, fmt.nbytes, row, q, d, m, dh, mh)
             elif fmt.kind == kind and n_blocks * BLOCK == n_cols and halves:  # the file's bytes, moved
@@ -404,7 +418,7 @@ def _pack_words(raw: np.ndarray, size: int, quants_at: int, min_at: int, flip: n
 
 
 @nb.njit(parallel=True, **KERNEL)
-def _pack_q4_k(raw: np.ndarray, row0: int, q: np.ndarray, d: np.ndarray, m: np.ndarray, sd: np.ndarray,
+def _pack_q4_k(raw: np.ndarray, row0: int, q: np.ndarray, dh: np.ndarray, mh: np.ndarray, sd: np.ndarray,
                sm: np.ndarray) -> None:
     """Raw Q4_K rows into rows ``row0..`` of sub-scaled Q4 lanes, the groups in parallel: what
     ``_pack_lanes`` and ``_pack_sub_scales`` write, bit for bit, as moves of 32-bit words. A
@@ -413,7 +427,7 @@ def _pack_q4_k(raw: np.ndarray, row0: int, q: np.ndarray, d: np.ndarray, m: np.n
     The expert store packs every miss of a K-quant expert so (they compute on the lanes in every
     tier): 0.64 ms an expert matrix of 768 x 1024 by way of ``lane_row``, 6-8 GB/s here."""
     words = q.reshape(-1).view(np.uint32)
-    n_blocks, n_sup = q.shape[1], d.shape[1]
+    n_blocks, n_sup = q.shape[1], dh.shape[1]
     row_words = raw.shape[1] // 4
     src = raw.reshape(-1).view(np.uint32)
     g0, lane0 = divmod(row0, GROUP)
@@ -429,8 +443,8 @@ def _pack_q4_k(raw: np.ndarray, row0: int, q: np.ndarray, d: np.ndarray, m: np.n
             row = raw[r]
             for s in range(n_sup):
                 base = s * Q4_K_SIZE
-                d[g, s, lane] = half(row[base], row[base + 1])
-                m[g, s, lane] = -half(row[base + 2], row[base + 3])
+                dh[g, s, lane] = _half_bits(row, base)
+                mh[g, s, lane] = _half_bits(row, base + 2) ^ _SIGN  # m = -dmin
                 for j in range(QK_K // BLOCK):
                     sc, mn = _scale_min_k4(row, base + 4, j)
                     sd[g, s * (QK_K // BLOCK) + j, lane] = sc
@@ -448,11 +462,11 @@ def _pack_q4_k(raw: np.ndarray, row0: int, q: np.ndarray, d: np.ndarray, m: np.n
 
 
 @nb.njit(parallel=True, **KERNEL)
-def _pack_q6_k(raw: np.ndarray, row0: int, q: np.ndarray, d: np.ndarray, sd: np.ndarray) -> None:
+def _pack_q6_k(raw: np.ndarray, row0: int, q: np.ndarray, dh: np.ndarray, sd: np.ndarray) -> None:
     """Raw Q6_K rows into rows ``row0..`` of Q6 lanes (``Q6_BYTES``), the groups in parallel: per
     super-block its d (the offset -32 d is derived: ``OFFSET_Q6``), per 16 values its int8 scale,
     and the quants unshifted, 0..63, as ``lanes._q6_k`` reads them from ``ql`` and ``qh``."""
-    n_sup = d.shape[1]
+    n_sup = dh.shape[1]
     per_sup = QK_K // Q6_VALUES
     g0, lane0 = divmod(row0, GROUP)
     n_rows = raw.shape[0]
@@ -466,7 +480,7 @@ def _pack_q6_k(raw: np.ndarray, row0: int, q: np.ndarray, d: np.ndarray, sd: np.
             row = raw[r]
             for s in range(n_sup):
                 base = s * Q6_K_SIZE
-                d[g, s, lane] = half(row[base + 208], row[base + 209])
+                dh[g, s, lane] = _half_bits(row, base + 208)
                 for n in range(2):
                     ql, qh, y = base + 64 * n, base + 128 + 32 * n, 128 * n
                     for i in range(32):
@@ -525,11 +539,14 @@ def _pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarr
 
 @nb.njit(**KERNEL)
 def _pack_sub_scales(raw: np.ndarray, gtype: int, per: int, row0: int, d: np.ndarray, m: np.ndarray,
-                     sd: np.ndarray, sm: np.ndarray) -> None:
+                     dh: np.ndarray, mh: np.ndarray, sd: np.ndarray, sm: np.ndarray) -> None:
     """The scales of raw rows of a SUB_SCALED format into rows ``row0..``: d and m per super-block,
-    their integer multiples per block of ``per`` values (``m`` and ``sm`` empty where the offset is
+    float32 (``d``, ``m``) or the file's halves (``dh``, ``mh``: ``_sub_halves``), and their integer
+    multiples per block of ``per`` values (``m``, ``mh`` and ``sm`` empty where the offset is
     derived)."""
-    n_sup = d.shape[1]
+    n_sup = max(d.shape[1], dh.shape[1])
+    q6 = gtype == T_Q6_K
+    size = Q6_K_SIZE if q6 else Q4_K_SIZE if gtype == T_Q4_K else Q5_K_SIZE
     d_sup = np.empty(n_sup, np.float32)
     m_sup = np.empty(n_sup, np.float32)
     sd_row = np.empty(sd.shape[1], np.int8)
@@ -538,6 +555,11 @@ def _pack_sub_scales(raw: np.ndarray, gtype: int, per: int, row0: int, d: np.nda
         g, lane = divmod(row0 + r, GROUP)
         sub_scales(raw[r], gtype, per, d_sup, m_sup, sd_row, sm_row)
         for s in range(n_sup):
+            if dh.size:  # d, and m = -dmin (Q6_K's is derived), bit for bit
+                dh[g, s, lane] = _half_bits(raw[r], s * size + (208 if q6 else 0))
+                if mh.size:
+                    mh[g, s, lane] = _half_bits(raw[r], s * size + 2) ^ _SIGN
+                continue
             d[g, s, lane] = d_sup[s]
             if m.size:
                 m[g, s, lane] = m_sup[s]
@@ -569,7 +591,7 @@ def _pack_fives(raw: np.ndarray, gtype: int, size: int, row0: int, q: np.ndarray
         lane_row(raw[r], gtype, qs, ds, ms)
         for b in range(q.shape[1]):
             base = b * size
-            if dh.size:  # the file's halves, bit for bit
+            if dh.shape[1] == q.shape[1]:  # the file's halves per block, bit for bit
                 dh[g, b, lane] = _half_bits(raw[r], base)
                 if mh.size:
                     mh[g, b, lane] = _half_bits(raw[r], base + 2)
