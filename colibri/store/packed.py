@@ -28,8 +28,9 @@ and stacks that mix kinds, are widened to float32 rows. Packing is deterministic
 copy and one packed from the file on a miss give the same bits. The formats themselves are the
 table in ``formats.py``. The other formats (Q5, the K-quants, IQ4) are
 re-expressed as ``d q + m`` into these lanes (``colibri.store.lanes``: the Q5 formats into Q5's
-5.5 bits a weight, no longer Q8's 8.5), or, with ``lanes=False`` (the expert store), keep the
-file's blocks (``Kind.BLOCKS``, decoded by ``colibri.store.blocks``), no bigger than the file.
+5.5 bits a weight, no longer Q8's 8.5; Q6_K into Q6's 6.5), or, where ``lanes`` leaves them out (the
+expert store packs only Q4_K and Q6_K: ``experts.STORE_LANES``), keep the file's blocks
+(``Kind.BLOCKS``, decoded by ``colibri.store.blocks``), no bigger than the file.
 
 Q8_0's quants are kept *biased* (``q + 128``, an unsigned byte, with ``m = -128 d``): the integer
 dot product multiplies unsigned weight bytes by signed activation bytes. Float formats are
@@ -425,7 +426,7 @@ def _pack_q4_k(raw: np.ndarray, row0: int, q: np.ndarray, dh: np.ndarray, mh: np
     super-block's 32 quant bytes ``j64`` hold sub-blocks ``2 j64`` (low nibbles) and ``2 j64 + 1``
     (high), and a Q4 lane byte j is quants j and j + 16 of its block: one mask and shift per word.
     The expert store packs every miss of a K-quant expert so (they compute on the lanes in every
-    tier): 0.64 ms an expert matrix of 768 x 1024 by way of ``lane_row``, 6-8 GB/s here."""
+    tier): 0.64 ms an expert matrix of 768 x 1024 by way of ``lane_row``, 0.08 ms here (5-6 GB/s)."""
     words = q.reshape(-1).view(np.uint32)
     n_blocks, n_sup = q.shape[1], dh.shape[1]
     row_words = raw.shape[1] // 4

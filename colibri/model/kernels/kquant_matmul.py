@@ -1,9 +1,10 @@
 """``out = x @ W.T`` on Q4_K and Q6_K blocks as the file has them: integer dot products, nothing
 decoded to float32, for decode and prompt rows alike.
 
-The expert store keeps a K-quant expert as its file bytes (``Kind.BLOCKS``), so a resident expert
-is no bigger than the file; the general path for such weights decodes every weight to float32
-first (``block_matmul``), which made a Q4_K_M MoE's decode ~20x slower than its Q4_0 twin. Here a
+For Q4_K and Q6_K weights kept as the file's bytes (``Kind.BLOCKS``, ``make_weight(...,
+lanes=False)``); the expert store packs those formats into lanes instead (``experts.STORE_LANES``:
+the lanes kernel is 1.5-3x this one's speed), so the engine no longer reaches this path. The
+general path for such weights decodes every weight to float32 first (``block_matmul``). Here a
 weight row is read as llama.cpp's CPU kernels read it: per 256-value super-block, 64 quant bytes
 a vector, one ``vpdpbusd`` per vector and activation level, the block's scales applied per lane
 (one vector of a super-block's scales, spread over the lanes by a shuffle), the lanes summed once

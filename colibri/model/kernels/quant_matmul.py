@@ -6,7 +6,8 @@
   run whole, in chunks or token by token gives the same matmul bits. Prompt rows were tiled
   (weight tiles dequantized to float32, then BLAS) until the integer path, four rows to a weight
   load, outran it at 512 rows (docs/performance.md, 2026-12-04).
-- Weights kept as the file's blocks (``Kind.BLOCKS``: the expert store's in-place K-quants):
+- Weights kept as the file's blocks (``Kind.BLOCKS``: the expert store's experts of the formats it
+  does not pack, ``experts.STORE_LANES``):
   Q4_K and Q6_K by integer dot products on the blocks (``kquant_matmul``), decode and prompt rows
   alike, so a row's result is the same in a prompt chunk and in a decode step: a MoE prefill hands
   each expert the few rows routed to it (~16 of a 128-token chunk at top-8 of 64), where decoding

@@ -266,7 +266,7 @@ def apply_experts(
     """Expert i, slot ``slots[i]`` of the ``n_slots`` stacked in ``pool`` (``packed.slot``; an
     expert alone is slot 0 of 1), on its rows: ``out[rows[j], ranks[j]] = expert_i(h[rows[j]])``
     for j in ``starts[i]:starts[i + 1]`` (rows ascending, so decode rows, those below
-    ``n_direct``, come first). Packed Q4/Q5/Q8 experts take their decode rows all at once, one
+    ``n_direct``, come first). Packed Q4/Q5/Q6/Q8 experts take their decode rows all at once, one
     parallel region per matrix for every expert (``int8_matmul_slots``); prompt rows, and the
     other kinds, expert by expert through ``swiglu_ffn``, as in a dense layer."""
     n_exp = slots.shape[0]
