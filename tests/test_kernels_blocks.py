@@ -13,7 +13,7 @@ from ggml_harness import llama_matmul
 from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_matmul, rounded_activations
 
 from colibri.model.kernels.quant_matmul import qmatmul
-from colibri.store import packed
+from colibri.store import packers
 from colibri.store.blocks import IN_PLACE, dequantize, dequantize_row
 from colibri.store.formats import BLOCK, FORMATS, GGMLType
 from colibri.store.lanes import FIVE_BIT, FOUR_BIT, lane_row, lane_row16
@@ -310,7 +310,7 @@ def test_k_quant_lanes_keep_the_files_scales_and_compute_the_same_bits(types: tu
 
 
 def test_q4_k_packs_word_by_word_as_value_by_value():
-    """``_pack_q4_k`` (the expert store packs every K-quant miss with it) writes the bits of the
+    """``packers.pack_q4_k`` (the expert store packs every K-quant miss with it) writes the bits of the
     generic path (``lane_row`` and ``sub_scales``, value by value), whole and in parts that start
     and end inside a group."""
     rng = np.random.default_rng(23)
@@ -321,8 +321,8 @@ def test_q4_k_packs_word_by_word_as_value_by_value():
     assert fast.kind == KIND_Q4 and fast.sd.size and fast.d.size == 0  # the file's halves
     q, d, m, dh, mh, sd, sm = (np.zeros_like(a) for a in (fast.q, fast.d, fast.m, fast.dh, fast.mh, fast.sd,
                                                           fast.sm))
-    packed._pack_sub_scales(raw, t, BLOCK, 0, d, m, dh, mh, sd, sm)
-    packed._pack_lanes(raw, t, k, 0, q, d, m)
+    packers.pack_sub_scales(raw, t, BLOCK, 0, d, m, dh, mh, sd, sm)
+    packers.pack_lanes(raw, t, k, 0, q, d, m)
     for ours, generic in zip((fast.q, fast.dh, fast.mh, fast.sd, fast.sm), (q, dh, mh, sd, sm), strict=True):
         assert np.array_equal(ours, generic)
     split = make_weight([(raw[:40], t), (raw[40:77], t), (raw[77:], t)], k)

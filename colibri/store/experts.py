@@ -68,7 +68,7 @@ HEAT_BUCKET_MAX = 63
 _PAGE = mmap.PAGESIZE
 # The in-place formats whose experts compute on the integer lanes (``packed.py``, ``lanes.py``) in
 # every tier, packed at load or on a miss (the same bits at every budget); the others stay the
-# file's blocks. Q4_K packs into Q4 lanes at 1.03x its bytes, at 5-6 GB/s (``packed._pack_q4_k``),
+# file's blocks. Q4_K packs into Q4 lanes at 1.03x its bytes, at 5-6 GB/s (``packers.pack_q4_k``),
 # Q6_K into Q6 lanes at 1.00x, ~3 GB/s; the lanes kernel is 1.5-3x ``kquant_matmul``'s speed on
 # the blocks (docs/performance.md).
 STORE_LANES = frozenset({GGMLType.Q4_K, GGMLType.Q6_K})
