@@ -67,11 +67,13 @@ HEAT_BUCKETS_PER_OCTAVE = 4
 HEAT_BUCKET_MAX = 63
 _PAGE = mmap.PAGESIZE
 # The in-place formats whose experts compute on the integer lanes (``packed.py``, ``lanes.py``) in
-# every tier, packed at load or on a miss (the same bits at every budget); the others stay the
+# every tier, packed at load or on a miss (the same bits at every budget): a ``_K_M`` file's experts
+# and the fallbacks of its rows that are not whole 256-blocks. The others (Q2_K, Q3_K, IQ4) stay the
 # file's blocks. Q4_K packs into Q4 lanes at 1.03x its bytes, at 5-6 GB/s (``packers.pack_q4_k``),
-# Q6_K into Q6 lanes at 1.00x, ~3 GB/s; the lanes kernel is 1.5-3x ``kquant_matmul``'s speed on
-# the blocks (docs/performance.md).
-STORE_LANES = frozenset({GGMLType.Q4_K, GGMLType.Q6_K})
+# Q6_K into Q6 lanes at 1.00x, ~3 GB/s; the Q5 formats into Q5 lanes (the file's scales; Q5_K
+# sub-scaled), value by value. The lanes kernel is 1.5-3x ``kquant_matmul``'s speed on Q4_K and
+# Q6_K blocks, and ~10x ``block_matmul``'s on Q5_0 (docs/performance.md).
+STORE_LANES = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q5_0, GGMLType.Q5_1})
 
 
 # One routed expert: gate rows then up rows (n_ff_exp * 2 rows of n_embd), and down (n_embd rows
