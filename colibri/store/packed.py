@@ -29,7 +29,7 @@ copy and one packed from the file on a miss give the same bits. The formats them
 table in ``formats.py``. The other formats (Q5, the K-quants, IQ4) are
 re-expressed as ``d q + m`` into these lanes (``colibri.store.lanes``: the Q5 formats into Q5's
 5.5 bits a weight, no longer Q8's 8.5; Q6_K into Q6's 6.5), or, where ``lanes`` leaves them out (the
-expert store packs only Q4_K and Q6_K: ``experts.STORE_LANES``), keep the file's blocks
+expert store packs only ``experts.STORE_LANES``), keep the file's blocks
 (``Kind.BLOCKS``, decoded by ``colibri.store.blocks``), no bigger than the file.
 
 Q8_0's quants are kept *biased* (``q + 128``, an unsigned byte, with ``m = -128 d``): the integer
