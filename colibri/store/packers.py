@@ -37,7 +37,7 @@ Q5_BYTES = Q4_BYTES + FIFTH_BYTES
 # j and j + 8) in quads 0-1, then one quad of high bits, byte k of a row's quad bits 2p, 2p + 1
 # the high bits of quant 4 p + k and bits 4 + 2p, 5 + 2p those of quant 8 + 4 p + k
 # (``simd.low_sixes``): 12 bytes per 16 values, where Q8's lanes took 16 (Q6_K's packed row 1.31x
-# its file bytes in Q8, 1.01x here).
+# its file bytes in Q8, 1.00x here with its d the file's half).
 Q6_VALUES = BLOCK // 2
 SIX_HIGH_BYTES = Q6_VALUES // 4
 Q6_BYTES = Q6_VALUES // 2 + SIX_HIGH_BYTES
@@ -49,7 +49,7 @@ _SIGN = np.uint16(0x8000)
 
 @nb.njit(**KERNEL)
 def pack_rows(raw: np.ndarray, size: int, quants_at: int, min_at: int, offset_scale: float,
-               flip: np.uint8, row0: int, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
+              flip: np.uint8, row0: int, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
     """Raw GGUF rows of one quantized format (its ``PackLayout``: block ``size`` in bytes, where
     the quants and the min are) into rows ``row0..`` of the packed layout with float32 scales
     (a stack mixing Q4_0 and Q4_1, say); one format alone keeps its halves (``pack_words``)."""
@@ -71,7 +71,7 @@ def pack_rows(raw: np.ndarray, size: int, quants_at: int, min_at: int, offset_sc
 
 @nb.njit(parallel=True, **KERNEL)
 def pack_words(raw: np.ndarray, size: int, quants_at: int, min_at: int, flip: np.uint32, row0: int,
-                q: np.ndarray, dh: np.ndarray, mh: np.ndarray) -> None:
+               q: np.ndarray, dh: np.ndarray, mh: np.ndarray) -> None:
     """``pack_rows`` for a format whose packed scales are the file's halves (Q4_0, Q4_1, Q8_0):
     a block's scale, min and quants moved as 16- and 32-bit words (every offset in a block is
     even), a group's rows at a time, written in the layout's order, the groups in parallel. A miss
@@ -105,7 +105,7 @@ def pack_words(raw: np.ndarray, size: int, quants_at: int, min_at: int, flip: np
 
 @nb.njit(parallel=True, **KERNEL)
 def pack_q4_k(raw: np.ndarray, row0: int, q: np.ndarray, dh: np.ndarray, mh: np.ndarray, sd: np.ndarray,
-               sm: np.ndarray) -> None:
+              sm: np.ndarray) -> None:
     """Raw Q4_K rows into rows ``row0..`` of sub-scaled Q4 lanes, the groups in parallel: what
     ``pack_lanes`` and ``pack_sub_scales`` write, bit for bit, as moves of 32-bit words. A
     super-block's 32 quant bytes ``j64`` hold sub-blocks ``2 j64`` (low nibbles) and ``2 j64 + 1``
@@ -190,7 +190,7 @@ def pack_q6_k(raw: np.ndarray, row0: int, q: np.ndarray, dh: np.ndarray, sd: np.
 
 @nb.njit(**KERNEL)
 def pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarray, d: np.ndarray,
-                m: np.ndarray) -> None:
+               m: np.ndarray) -> None:
     """Raw rows of a format that fits the layout but is not its kind's own (``lanes.py``) into
     rows ``row0..``: Q4 takes two 4-bit quants a byte (j and j + 16), Q8 one, in blocks of 32
     values or (``q.shape[2]`` 4 quads) of 16."""
@@ -225,9 +225,9 @@ def pack_lanes(raw: np.ndarray, gtype: int, n_cols: int, row0: int, q: np.ndarra
 
 @nb.njit(**KERNEL)
 def pack_sub_scales(raw: np.ndarray, gtype: int, per: int, row0: int, d: np.ndarray, m: np.ndarray,
-                     dh: np.ndarray, mh: np.ndarray, sd: np.ndarray, sm: np.ndarray) -> None:
+                    dh: np.ndarray, mh: np.ndarray, sd: np.ndarray, sm: np.ndarray) -> None:
     """The scales of raw rows of a SUB_SCALED format into rows ``row0..``: d and m per super-block,
-    float32 (``d``, ``m``) or the file's halves (``dh``, ``mh``: ``_sub_halves``), and their integer
+    float32 (``d``, ``m``) or the file's halves (``dh``, ``mh``: ``packed._sub_halves``), and their integer
     multiples per block of ``per`` values (``m``, ``mh`` and ``sm`` empty where the offset is
     derived)."""
     n_sup = max(d.shape[1], dh.shape[1])
@@ -262,7 +262,7 @@ def _half_bits(row: np.ndarray, at: int) -> np.uint16:
 
 @nb.njit(**KERNEL)
 def pack_fives(raw: np.ndarray, gtype: int, size: int, row0: int, q: np.ndarray, d: np.ndarray,
-                m: np.ndarray, dh: np.ndarray, mh: np.ndarray) -> None:
+               m: np.ndarray, dh: np.ndarray, mh: np.ndarray) -> None:
     """Raw rows of a Q5 or 4-bit format (``lanes.py``) into rows ``row0..`` of Q5 lanes
     (``Q5_BYTES``): the scales the file's halves where every part is one Q5_0 or Q5_1 (their d,
     and Q5_1's min, at the block's start), else float32. Q5_0's lane quants are Q8's (``+112``):
