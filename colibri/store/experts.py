@@ -348,7 +348,7 @@ class ExpertStore:
         return len(self._pinned)
 
     def _stackable(self, layer: int) -> bool:
-        """Whether ``layer``'s experts can be stacked (``packed.slot``): packed Q4, Q5 or Q8 in whole
+        """Whether ``layer``'s experts can be stacked (``packed.slot``): packed Q4, Q5, Q6 or Q8 in whole
         groups of rows, or the file's blocks in place (float32 copies are not)."""
         infos = [self.gguf.tensors[name] for name in self._tensors[layer]]
         kinds = {packed_kind([int(i.gtype) for i in infos[:2]], lanes=STORE_LANES),

@@ -168,7 +168,8 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool | froze
     return -(-n_rows // GROUP) * GROUP * (n_blocks * per + scales)
 
 
-# The formats whose offset m is OFFSET_Q4 d as Q4, OFFSET_Q5 d as Q5, and OFFSET_Q8 d as Q8 (Q5_0,
+# The formats whose offset m is OFFSET_Q4 d as Q4, OFFSET_Q5 d as Q5, OFFSET_Q6 d as Q6 (Q6_K's
+# own quants, unshifted) and OFFSET_Q8 d as Q8 (Q5_0,
 # IQ4 and Q6_K through their lanes: ``lanes._legacy`` shifts Q5_0's quants to it, ``lanes._q6_k``
 # Q6_K's by 96, IQ4's grid is stored +128).
 OFFSETS_Q4 = frozenset({GGMLType.Q4_0})

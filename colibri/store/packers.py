@@ -14,9 +14,9 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from colibri.store.blocks import Q4_K_SIZE, Q5_K_SIZE, Q6_K_SIZE, _scale_min_k4
+from colibri.store.blocks import Q4_K_SIZE, Q6_K_SIZE, _scale_min_k4
 from colibri.store.formats import GGMLType
-from colibri.store.halves import half
+from colibri.store.halves import half, to_half
 from colibri.store.lanes import lane_row, lane_row16, sub_scales
 from colibri.store.numerics import BLOCK, KERNEL, QK_K
 
@@ -42,7 +42,7 @@ Q6_VALUES = BLOCK // 2
 SIX_HIGH_BYTES = Q6_VALUES // 4
 Q6_BYTES = Q6_VALUES // 2 + SIX_HIGH_BYTES
 
-T_Q5_0, T_Q4_K, T_Q6_K = int(GGMLType.Q5_0), int(GGMLType.Q4_K), int(GGMLType.Q6_K)
+T_Q5_0 = int(GGMLType.Q5_0)
 # A half's sign bit: m = -dmin is dmin's half with it flipped.
 _SIGN = np.uint16(0x8000)
 
@@ -231,8 +231,6 @@ def pack_sub_scales(raw: np.ndarray, gtype: int, per: int, row0: int, d: np.ndar
     multiples per block of ``per`` values (``m``, ``mh`` and ``sm`` empty where the offset is
     derived)."""
     n_sup = max(d.shape[1], dh.shape[1])
-    q6 = gtype == T_Q6_K
-    size = Q6_K_SIZE if q6 else Q4_K_SIZE if gtype == T_Q4_K else Q5_K_SIZE
     d_sup = np.empty(n_sup, np.float32)
     m_sup = np.empty(n_sup, np.float32)
     sd_row = np.empty(sd.shape[1], np.int8)
@@ -241,10 +239,10 @@ def pack_sub_scales(raw: np.ndarray, gtype: int, per: int, row0: int, d: np.ndar
         g, lane = divmod(row0 + r, GROUP)
         sub_scales(raw[r], gtype, per, d_sup, m_sup, sd_row, sm_row)
         for s in range(n_sup):
-            if dh.size:  # d, and m = -dmin (Q6_K's is derived), bit for bit
-                dh[g, s, lane] = _half_bits(raw[r], s * size + (208 if q6 else 0))
+            if dh.size:  # halves widened (d) and negated (m = -dmin): rounded back, the same bits
+                dh[g, s, lane] = to_half(d_sup[s])
                 if mh.size:
-                    mh[g, s, lane] = _half_bits(raw[r], s * size + 2) ^ _SIGN
+                    mh[g, s, lane] = to_half(m_sup[s])
                 continue
             d[g, s, lane] = d_sup[s]
             if m.size:

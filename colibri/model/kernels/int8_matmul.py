@@ -190,7 +190,8 @@ def _row_block_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int)
     """One block of one activation row against a group's 32 weight rows, two vectors of 16: each
     level's integer sum per vector, from zero sums ``z``. Both vectors take the same steps as in
     ``_four_blocks``; here they share the activation loads and read the group's bytes in order.
-    ``bits``: 4 or 5 (two quants a byte, Q5's fifth bits in the block's last quad) or 8."""
+    ``bits``: 4, 5 or 6 (two quants a byte, Q5's fifth bits or Q6's high bits in the block's last
+    quad) or 8."""
     a1 = a2 = c1 = c2 = z
     hv = hu = z
     planed = bits == 5 or bits == 6  # the high bits in the block's last quad
@@ -281,7 +282,8 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
     16 weight rows after the other, then the rest of the rows one at a time, both vectors at once.
     ``ds``, ``ms``: the weight's scales and offsets, float32 or halves (d and m, or dh and mh).
     One copy of the loops for every kind, its bit width decided at run time (a copy per kind
-    made 16 rows 12% faster but compiled 3.5-4x slower), but Q5's block loops (``Q5_QUADS``)."""
+    made 16 rows 12% faster but compiled 3.5-4x slower), but Q5's and Q6's block loops (``Q5_QUADS``,
+    ``Q6_QUADS``)."""
     bits = 4 if w.kind == KIND_Q4 else 5 if w.kind == KIND_Q5 else 6 if w.kind == KIND_Q6 else 8
     off = _OFF_Q4 if bits == 4 else _OFF_Q5 if bits == 5 else _OFF_Q6 if bits == 6 else _OFF_Q8
     quads = w.q.shape[2]
