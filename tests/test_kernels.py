@@ -43,7 +43,7 @@ def quantized(rng: np.random.Generator, n: int, k: int, gtype: GGMLType) -> tupl
 def rounded_activations(x: np.ndarray) -> np.ndarray:
     """x as the integer matmul sees it: its own LEVELS 8-bit levels per 32 values
     (``quantize_rows``, checked on its own by ``test_quantize_rows_levels``), summed in float64."""
-    xq, dx, _ = quantize_rows(np.ascontiguousarray(x, np.float32), 32)
+    xq, dx, _ = quantize_rows(np.ascontiguousarray(x, np.float32), 32, LEVELS)
     blocks = xq.astype(np.float64).reshape(x.shape[0], LEVELS, -1, 32) * dx[..., None]
     return blocks.sum(1).reshape(x.shape)
 
@@ -59,7 +59,7 @@ def test_quantize_rows_levels():
     x[3, :64] = rng.choice(np.array([-1.5, 0.5, 127.0], np.float32), 64)  # ties and exact steps
     x[4] *= np.float32(1e6)
     for per in (32, 16):
-        xq, dx, sx = quantize_rows(x, per)
+        xq, dx, sx = quantize_rows(x, per, LEVELS)
         assert xq.shape == (6, LEVELS, 256) and dx.shape == sx.shape == (6, LEVELS, 256 // per)
         assert np.abs(xq.astype(np.int32)).max() <= 127
         assert np.array_equal(sx, xq.astype(np.int32).reshape(6, LEVELS, -1, per).sum(-1))

@@ -57,9 +57,10 @@ PROMPT_SEED = 7
 MIN_TOP1 = 0.95  # teacher-forced top-1 agreement with llama.cpp on the same file
 MIN_DECIDED_SHARE = 0.75  # positions whose llama.cpp top-2 gap is >= DECIDED_GAP: the model is confident
 N_CTX = 64
-# max |colibri - llama.cpp on the dequantized weights| (logits' std ~11): 1.0-1.2e-3 measured with
-# the integer path's two activation levels (~5e-5 with three, the float product's noise)
-DEQUANTIZED_TOLERANCE = 3e-3
+# mean |colibri - llama.cpp on the dequantized weights| (logits' std ~11) over llama.cpp's own on the
+# K-quant file: 0.011-0.015 against 0.071-0.080 measured where the experts are on lanes (one level),
+# ~2e-4 where they are on blocks (two levels: Q3_K_M, Q2_K)
+DEQUANTIZED_SHARE = 0.3
 # Each mixture's own type: every ffn_gate_exps / ffn_up_exps is of it; ffn_down_exps of it or of the
 # type llama.cpp bumps it to (use_more_bits layers, Q2_K's and Q3_K_M's down projections).
 MAIN_TYPE = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K", "Q3_K_M": "Q3_K", "Q2_K": "Q2_K",
@@ -194,17 +195,21 @@ def test_greedy_equals_llama_cpp_until_its_first_near_tie(compared) -> None:
 
 def test_the_logits_are_llama_cpps_on_the_dequantized_weights(compared, f32_file, tmp_path) -> None:
     """llama.cpp on an F32 file of the K-quant file's weights dequantized (F32 matmuls: nothing
-    rounds the activations) gives colibri's logits on the K-quant file within its own two-level
-    activation rounding: colibri computes with the file's weights exactly, and what the agreement
-    above measures is llama.cpp's 8-bit rounding of the activations."""
+    rounds the activations) gives colibri's logits on the K-quant file within the activations'
+    rounding: colibri computes with the file's weights exactly, and what the agreement above
+    measures is how each side rounds the activations. The experts' one 8-bit level per 32 values
+    (``int8_matmul.EXPERT_LEVELS``) moves the logits a fifth as much as llama.cpp's own Q8_K (one
+    per 256) on the same file, on average; a position where rounding flips a near-tie in the
+    router's top-k moves them as much on either side, so the maximum is not compared."""
     name, path, _, runs, ours = compared
     llm = llama_model(dequantized_copy(f32_file, path, tmp_path / "dequantized.gguf"))
     for run, logits in zip(runs, ours, strict=True):
         seq = run.prompt + run.continuation
         llm.reset()
         llm.eval(seq)
-        err = float(np.abs(logits - np.array(llm.scores[: len(seq)])).max())
-        assert err <= DEQUANTIZED_TOLERANCE, (name, err)
+        exact = np.array(llm.scores[: len(seq)])
+        err, peer_err = float(np.abs(logits - exact).mean()), float(np.abs(run.forced - exact).mean())
+        assert err <= DEQUANTIZED_SHARE * peer_err, (name, err, peer_err)
 
 
 def test_a_small_ram_budget_gives_the_same_bits(compared) -> None:

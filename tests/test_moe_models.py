@@ -31,7 +31,10 @@ ARCHS = ["llama", *MOE_ARCHS]  # the dense llama checkpoint checks the shared co
 GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe",
              "glm4moe": "glm4moe"}
 MAX_ABS_DIFF = 1e-3
-MIN_TOP1_AGREEMENT = 0.90
+# Top-1 agreement with transformers over the 28 positions: q4_k_m's experts round their activations
+# to one 8-bit level (``int8_matmul.EXPERT_LEVELS``), as llama.cpp's do, and llama.cpp on the same
+# files agrees 0.89 (qwen2moe) to 0.96 (measured), so its floor is lower.
+MIN_TOP1_AGREEMENT = {"q8_0": 0.90, "q4_0": 0.90, "q4_k_m": 0.85}
 
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="tests/data/tiny_hf is missing")
 
@@ -183,7 +186,7 @@ def test_quantized_top1_agreement(arch, type_name, model_of):
     ref = Reference(arch)
     ours = SingleSequence(model_of(arch, type_name), 256, 512).prefill(ref.sequence, all_logits=True)
     agreement = float(np.mean(ours.argmax(-1) == ref.full_logits.argmax(-1)))
-    assert agreement >= MIN_TOP1_AGREEMENT, f"{arch} {type_name}: top-1 agreement {agreement:.2f}"
+    assert agreement >= MIN_TOP1_AGREEMENT[type_name], f"{arch} {type_name}: top-1 agreement {agreement:.2f}"
 
 
 # -- batched routing is batch-invariant ------------------------------------------------------------

@@ -1,5 +1,4 @@
-"""``out = x @ W.T`` for packed Q4, Q5 and Q8 weights and a few activation rows (decode): integer dot
-products on 8-bit activations.
+"""``out = x @ W.T`` for packed Q4, Q5, Q6 and Q8 weights: integer dot products on 8-bit activations.
 
 Each activation row is first written as two 8-bit levels per 32 values, ``x ~ d1 q1 + d2 q2``:
 ``q1`` llama.cpp's Q8_0 rounding (ties to even; ``d1 = max|x|`` times float32's 1/127, an ulp from
@@ -11,8 +10,15 @@ of 0.3 or more (``tests/test_golden.py``); two pass every golden test, and a thi
 precision, kept until 2026-12-04) cost a third of the dot products at 16 rows, which the step is
 bound by there. A packed matrix's prompt run whole, in chunks or token by token gives bitwise the
 same rows (every row takes these steps, and attention is the decode loop's for all rows), so the
-levels need not hide a difference between two paths (they still do for the expert store's
-in-place K-quants, whose prompt rows are float: ``block_matmul``).
+levels need not hide a difference between two paths.
+
+Experts (``int8_matmul_slots``, every row an expert takes, prompt or decode) round to one level,
+``EXPERT_LEVELS``: llama.cpp's precision class (its Q8_K has one scale per 256 values, this one per
+32; the logits move a fifth as much as llama.cpp's own, ``tests/test_kquants_wide.py``), for half
+the dot products. A MoE prompt is bound by its experts' products: one level made the qwen3moe
+file's prefill 22% faster and its decode 5% (docs/performance.md). The one level's sum is kept in
+two accumulators, a quad's low and high halves (``_dot_halves``): one chain of dependent dot
+products would wait on each one's latency.
 
 In the packed layout (``colibri.store.packed``) the 4 bytes of a 32-bit lane are four consecutive
 quants of one weight row and a vector's 16 lanes are 16 rows: a block needs no horizontal sum,
@@ -81,9 +87,12 @@ FINER = np.float32(254.0)
 INV_Q_MAX, INV_FINER = np.float32(1.0) / Q_MAX, np.float32(1.0) / FINER
 # Levels of 8-bit activation quants: two (127 x 254 steps per block's range, ~15 bits). One
 # failed the golden tests against llama.cpp, three cost half as many dot products again (see
-# above). ``_dot``, ``_scaled``, ``_row_block`` and ``_four_blocks`` are written out for two.
+# above). The kernels below are written out for two or one (``two``, a constant of each caller).
 LEVELS = 2
-assert LEVELS == 2, "the kernels below are written out for two levels"
+# The experts' levels (``int8_matmul_slots``): one, llama.cpp's precision class, for half the dot
+# products that bound a MoE prompt (see above).
+EXPERT_LEVELS = 1
+assert EXPERT_LEVELS in (1, 2) and LEVELS == 2
 
 
 @nb.njit(**KERNEL)
@@ -98,7 +107,7 @@ def quantize_row(x: np.ndarray, per: int, xq: np.ndarray, dx: np.ndarray, sx: np
     reciprocals, so the bits do not hang on how LLVM happens to lower a division: 1.9 -> 0.9-1.3
     us for 576 values, 4.9 -> 2.4 for 1536."""
     assert per <= BLOCK and BLOCK % per == 0
-    subs = BLOCK // per
+    subs, levels = BLOCK // per, xq.shape[0]
     rest = np.empty(BLOCK, np.float32)
     q = np.empty(BLOCK, np.float32)
     for b in range(x.shape[0] // BLOCK):
@@ -108,7 +117,7 @@ def quantize_row(x: np.ndarray, per: int, xq: np.ndarray, dx: np.ndarray, sx: np
             amax = max(amax, abs(xb[i]))
             rest[i] = xb[i]
         step = amax * INV_Q_MAX
-        for level in range(LEVELS):
+        for level in range(levels):
             inv = np.float32(1.0) / step if step > 0 else np.float32(0.0)
             xqb = xq[level, b * BLOCK : (b + 1) * BLOCK]
             for i in range(BLOCK):
@@ -132,13 +141,20 @@ def _level(acc, isum, dw, dl: float):  # noqa: ANN001, ANN202
 
 @nb.njit(inline="always", **KERNEL)
 def _scaled(acc, i1, i2, dw, mw, stored_m: bool, dx: np.ndarray, sx: np.ndarray, t: int, b: int,  # noqa: ANN001, ANN202
-            off: int):
+            off: int, two: bool):
     """``acc`` plus one block's integer sums of row ``t``, one per level, scaled by the block's
     weight scales ``dw`` and offsets ``mw``: ``d dl (il + off sl)`` per level l where the offset is
     derived (not ``stored_m``), else ``d dl il`` per level and ``m (d1 s1 + d2 s2)``."""
+    if not two:  # one level: its sum split in two (``_dot_halves``)
+        i1 = add_int(i1, i2)
     if not stored_m:
         acc = _level(acc, add_int(i1, splat_int(off * sx[t, 0, b])), dw, dx[t, 0, b])
+        if not two:
+            return acc
         return _level(acc, add_int(i2, splat_int(off * sx[t, 1, b])), dw, dx[t, 1, b])
+    if not two:
+        acc = _level(acc, i1, dw, dx[t, 0, b])
+        return fma_float(mw, splat_float(dx[t, 0, b] * np.float32(sx[t, 0, b])), acc)
     acc = _level(_level(acc, i1, dw, dx[t, 0, b]), i2, dw, dx[t, 1, b])
     xsum = dx[t, 0, b] * np.float32(sx[t, 0, b]) + dx[t, 1, b] * np.float32(sx[t, 1, b])
     return fma_float(mw, splat_float(xsum), acc)
@@ -161,10 +177,22 @@ def _scales(df, mf, sdf, smf, s: int, at: int, stored_m: bool, subbed: bool):  #
 
 
 @nb.njit(inline="always", **KERNEL)
-def _dot(i1, i2, w, xqf, at: int, k: int):  # noqa: ANN001, ANN202
+def _dot(i1, i2, w, xqf, at: int, k: int, two: bool):  # noqa: ANN001, ANN202
     """Each level's sum plus one weight vector times that level's activation quad at ``at``
-    (levels ``k`` bytes apart)."""
-    return dpbusd(i1, w, load_quad(xqf, at)), dpbusd(i2, w, load_quad(xqf, at + k))
+    (levels ``k`` bytes apart); ``i2`` as it is with one level."""
+    i1 = dpbusd(i1, w, load_quad(xqf, at))
+    return i1, dpbusd(i2, w, load_quad(xqf, at + k)) if two else i2
+
+
+@nb.njit(inline="always", **KERNEL)
+def _dot_halves(i1, i2, lo, hi, xqf, at: int, ah: int, k: int, two: bool):  # noqa: ANN001, ANN202
+    """A quad's two weight vectors ``lo`` and ``hi`` (activations at ``at`` and ``ah``): with two
+    levels each into both levels' sums; with one, ``lo`` into ``i1`` and ``hi`` into ``i2`` (summed
+    in ``_scaled``: two chains of dot products, where one would wait on each one's latency)."""
+    if two:
+        i1, i2 = _dot(i1, i2, lo, xqf, at, k, two)
+        return _dot(i1, i2, hi, xqf, ah, k, two)
+    return dpbusd(i1, lo, load_quad(xqf, at)), dpbusd(i2, hi, load_quad(xqf, ah))
 
 
 @nb.njit(inline="always", **KERNEL)
@@ -186,7 +214,7 @@ def _half_values(bits: int) -> int:
 
 
 @nb.njit(inline="always", **KERNEL)
-def _row_block_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
+def _row_block_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int, two: bool):  # noqa: ANN001, ANN202
     """One block of one activation row against a group's 32 weight rows, two vectors of 16: each
     level's integer sum per vector, from zero sums ``z``. Both vectors take the same steps as in
     ``_four_blocks``; here they share the activation loads and read the group's bytes in order.
@@ -204,14 +232,12 @@ def _row_block_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int)
         if bits != 8:
             at, ah = x0 + 4 * p, x0 + _half_values(bits) + 4 * p
             lo, hi = _halves(v, hv, p, bits)
-            a1, a2 = _dot(a1, a2, lo, xqf, at, k)
-            a1, a2 = _dot(a1, a2, hi, xqf, ah, k)
+            a1, a2 = _dot_halves(a1, a2, lo, hi, xqf, at, ah, k, two)
             lo, hi = _halves(u, hu, p, bits)
-            c1, c2 = _dot(c1, c2, lo, xqf, at, k)
-            c1, c2 = _dot(c1, c2, hi, xqf, ah, k)
+            c1, c2 = _dot_halves(c1, c2, lo, hi, xqf, at, ah, k, two)
         else:
-            a1, a2 = _dot(a1, a2, v, xqf, x0 + 4 * p, k)
-            c1, c2 = _dot(c1, c2, u, xqf, x0 + 4 * p, k)
+            a1, a2 = _dot(a1, a2, v, xqf, x0 + 4 * p, k, two)
+            c1, c2 = _dot(c1, c2, u, xqf, x0 + 4 * p, k, two)
     return a1, a2, c1, c2
 
 
@@ -226,21 +252,21 @@ Q6_QUADS = Q6_BYTES // QUAD
 
 
 @nb.njit(inline="always", **KERNEL)
-def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
+def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int, two: bool):  # noqa: ANN001, ANN202
     """``_row_block_of``, Q5's and Q6's copies with their widths and quads constants."""
     if bits == 5:
-        return _row_block_of(z, qf, base, Q5_QUADS, xqf, x0, k, 5)
+        return _row_block_of(z, qf, base, Q5_QUADS, xqf, x0, k, 5, two)
     if bits == 6:
-        return _row_block_of(z, qf, base, Q6_QUADS, xqf, x0, k, 6)
-    return _row_block_of(z, qf, base, quads, xqf, x0, k, bits)
+        return _row_block_of(z, qf, base, Q6_QUADS, xqf, x0, k, 6, two)
+    return _row_block_of(z, qf, base, quads, xqf, x0, k, bits, two)
 
 
 @nb.njit(inline="always", **KERNEL)
-def _four_blocks_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
-    """``_row_block`` for four activation rows (``LEVELS k`` apart in ``xqf``), each weight vector
+def _four_blocks_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int, two: bool):  # noqa: ANN001, ANN202
+    """``_row_block`` for four activation rows (``levels k`` apart in ``xqf``), each weight vector
     loaded and split once. Each row's sums take ``_row_block``'s steps."""
     a1 = a2 = b1 = b2 = c1 = c2 = e1 = e2 = z
-    r = LEVELS * k
+    r = (2 if two else 1) * k
     planed = bits == 5 or bits == 6
     h = load_bytes(qf, base + (quads - 1) * QUAD_BYTES) if planed else z
     for p in range(quads - 1 if planed else quads):
@@ -248,36 +274,32 @@ def _four_blocks_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: in
         if bits != 8:
             lo, hi = _halves(v, h, p, bits)
             at, ah = x0 + 4 * p, x0 + _half_values(bits) + 4 * p
-            a1, a2 = _dot(a1, a2, lo, xqf, at, k)
-            a1, a2 = _dot(a1, a2, hi, xqf, ah, k)
-            b1, b2 = _dot(b1, b2, lo, xqf, at + r, k)
-            b1, b2 = _dot(b1, b2, hi, xqf, ah + r, k)
-            c1, c2 = _dot(c1, c2, lo, xqf, at + 2 * r, k)
-            c1, c2 = _dot(c1, c2, hi, xqf, ah + 2 * r, k)
-            e1, e2 = _dot(e1, e2, lo, xqf, at + 3 * r, k)
-            e1, e2 = _dot(e1, e2, hi, xqf, ah + 3 * r, k)
+            a1, a2 = _dot_halves(a1, a2, lo, hi, xqf, at, ah, k, two)
+            b1, b2 = _dot_halves(b1, b2, lo, hi, xqf, at + r, ah + r, k, two)
+            c1, c2 = _dot_halves(c1, c2, lo, hi, xqf, at + 2 * r, ah + 2 * r, k, two)
+            e1, e2 = _dot_halves(e1, e2, lo, hi, xqf, at + 3 * r, ah + 3 * r, k, two)
         else:
             at = x0 + 4 * p
-            a1, a2 = _dot(a1, a2, v, xqf, at, k)
-            b1, b2 = _dot(b1, b2, v, xqf, at + r, k)
-            c1, c2 = _dot(c1, c2, v, xqf, at + 2 * r, k)
-            e1, e2 = _dot(e1, e2, v, xqf, at + 3 * r, k)
+            a1, a2 = _dot(a1, a2, v, xqf, at, k, two)
+            b1, b2 = _dot(b1, b2, v, xqf, at + r, k, two)
+            c1, c2 = _dot(c1, c2, v, xqf, at + 2 * r, k, two)
+            e1, e2 = _dot(e1, e2, v, xqf, at + 3 * r, k, two)
     return a1, a2, b1, b2, c1, c2, e1, e2
 
 
 @nb.njit(inline="always", **KERNEL)
-def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
+def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int, two: bool):  # noqa: ANN001, ANN202
     """``_four_blocks_of``, Q5's and Q6's copies with their widths and quads constants."""
     if bits == 5:
-        return _four_blocks_of(z, qf, base, Q5_QUADS, xqf, x0, k, 5)
+        return _four_blocks_of(z, qf, base, Q5_QUADS, xqf, x0, k, 5, two)
     if bits == 6:
-        return _four_blocks_of(z, qf, base, Q6_QUADS, xqf, x0, k, 6)
-    return _four_blocks_of(z, qf, base, quads, xqf, x0, k, bits)
+        return _four_blocks_of(z, qf, base, Q6_QUADS, xqf, x0, k, 6, two)
+    return _four_blocks_of(z, qf, base, quads, xqf, x0, k, bits, two)
 
 
 @nb.njit(inline="always", **KERNEL)
 def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, out: np.ndarray,
-           ds: np.ndarray, ms: np.ndarray) -> None:
+           ds: np.ndarray, ms: np.ndarray, two: bool) -> None:
     """Rows ``GROUP g ..`` of W against every activation row: four rows at a time, one vector of
     16 weight rows after the other, then the rest of the rows one at a time, both vectors at once.
     ``ds``, ``ms``: the weight's scales and offsets, float32 or halves (d and m, or dh and mh).
@@ -287,7 +309,7 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
     bits = 4 if w.kind == KIND_Q4 else 5 if w.kind == KIND_Q5 else 6 if w.kind == KIND_Q6 else 8
     off = _OFF_Q4 if bits == 4 else _OFF_Q5 if bits == 5 else _OFF_Q6 if bits == 6 else _OFF_Q8
     quads = w.q.shape[2]
-    t_rows, k = xq.shape[0], xq.shape[2]
+    t_rows, levels, k = xq.shape  # ``two``: levels == 2, a constant of the caller's
     n_blocks = w.q.shape[1]
     per = k // n_blocks  # values per weight block: 32, or 16
     qf, xqf = w.q.reshape(-1), xq.reshape(-1)
@@ -309,14 +331,14 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
                 blk = g * n_blocks + b
                 at = blk * GROUP + lane0
                 a1, a2, b1, b2, c1, c2, e1, e2 = _four_blocks(
-                    z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, LEVELS * t * k + b * per, k,
-                    bits)
+                    z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, levels * t * k + b * per, k,
+                    bits, two)
                 sa = (g * n_sup + (b >> sup_shift)) * GROUP + lane0
                 dw, mw = _scales(df, mf, sdf, smf, sa, at, stored_m, subbed)
-                a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, t, b, off)
-                b_ = _scaled(b_, b1, b2, dw, mw, stored_m, dx, sx, t + 1, b, off)
-                c = _scaled(c, c1, c2, dw, mw, stored_m, dx, sx, t + 2, b, off)
-                e = _scaled(e, e1, e2, dw, mw, stored_m, dx, sx, t + 3, b, off)
+                a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, t, b, off, two)
+                b_ = _scaled(b_, b1, b2, dw, mw, stored_m, dx, sx, t + 1, b, off, two)
+                c = _scaled(c, c1, c2, dw, mw, stored_m, dx, sx, t + 2, b, off, two)
+                e = _scaled(e, e1, e2, dw, mw, stored_m, dx, sx, t + 3, b, off, two)
             store_floats(out, t, r0 + lane0, a, n_out)
             store_floats(out, t + 1, r0 + lane0, b_, n_out)
             store_floats(out, t + 2, r0 + lane0, c, n_out)
@@ -327,12 +349,12 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
         for b in range(n_blocks):
             blk = g * n_blocks + b
             a1, a2, c1, c2 = _row_block(z, qf, blk * quads * QUAD_BYTES, quads,
-                                        xqf, LEVELS * t * k + b * per, k, bits)
+                                        xqf, levels * t * k + b * per, k, bits, two)
             at, sa = blk * GROUP, (g * n_sup + (b >> sup_shift)) * GROUP
             dw, mw = _scales(df, mf, sdf, smf, sa, at, stored_m, subbed)
             du, mu = _scales(df, mf, sdf, smf, sa + LANES, at + LANES, stored_m, subbed)
-            a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, t, b, off)
-            c = _scaled(c, c1, c2, du, mu, stored_m, dx, sx, t, b, off)
+            a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, t, b, off, two)
+            c = _scaled(c, c1, c2, du, mu, stored_m, dx, sx, t, b, off, two)
         store_floats(out, t, r0, a, n_lo)
         store_floats(out, t, r0 + LANES, c, n_hi)
         t += 1
@@ -340,7 +362,8 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
 
 @nb.njit(parallel=True, **KERNEL)
 def int8_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
-    """``out[T, N] = x[T, K] @ W.T`` for a packed Q4, Q5 or Q8 weight (``out``'s rows contiguous)."""
+    """``out[T, N] = x[T, K] @ W.T`` for a packed weight (``out``'s rows contiguous), ``x`` at
+    LEVELS."""
     t_rows, k = x.shape
     n_blocks = w.q.shape[1]
     per = k // n_blocks
@@ -354,20 +377,20 @@ def int8_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
             quantize_row(x[t], per, xq[t], dx[t], sx[t])
     if w.dh.size:  # one item: a group's 32 weight rows, all activation rows
         for g in nb.prange(w.q.shape[0]):
-            _group(w, g, xq, dx, sx, out, w.dh, w.mh)
+            _group(w, g, xq, dx, sx, out, w.dh, w.mh, True)
     else:
         for g in nb.prange(w.q.shape[0]):
-            _group(w, g, xq, dx, sx, out, w.d, w.m)
+            _group(w, g, xq, dx, sx, out, w.d, w.m, True)
 
 
 @nb.njit(parallel=True, **KERNEL)
-def quantize_rows(x: np.ndarray, per: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_rows(x: np.ndarray, per: int, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``quantize_row`` of every row of ``x``: (xq, dx, sx), as ``int8_matmul`` makes them."""
     t_rows, k = x.shape
     n_blocks = k // per
-    xq = np.empty((t_rows, LEVELS, k), np.int8)
-    dx = np.empty((t_rows, LEVELS, n_blocks), np.float32)
-    sx = np.empty((t_rows, LEVELS, n_blocks), np.int32)
+    xq = np.empty((t_rows, levels, k), np.int8)
+    dx = np.empty((t_rows, levels, n_blocks), np.float32)
+    sx = np.empty((t_rows, levels, n_blocks), np.int32)
     if t_rows == 1:  # no parallel region for one row
         quantize_row(x[0], per, xq[0], dx[0], sx[0])
     else:
@@ -383,7 +406,8 @@ def int8_matmul_slots(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, w: Weight,
     rows ``x`` given quantized (``quantize_rows``): a step's experts, each on the rows routed to
     it, in one parallel region whose work item is a group of one expert's rows. Expert by expert,
     a decode token's top-k made 2k regions a layer, each a barrier of two threads over a ~1 MB
-    matrix. A row's result is ``int8_matmul``'s steps, whatever the other rows and experts."""
+    matrix. The rows are at ``EXPERT_LEVELS``; a row's result takes the same steps whatever the
+    other rows and experts."""
     n_groups = w.q.shape[0] // n_slots
     for item in nb.prange(slots.shape[0] * n_groups):
         i = item // n_groups
@@ -392,6 +416,6 @@ def int8_matmul_slots(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, w: Weight,
         if b > a:
             v = slot(w, slots[i], n_slots)
             if v.dh.size:
-                _group(v, g, xq[a:b], dx[a:b], sx[a:b], out[a:b], v.dh, v.mh)
+                _group(v, g, xq[a:b], dx[a:b], sx[a:b], out[a:b], v.dh, v.mh, EXPERT_LEVELS == 2)
             else:
-                _group(v, g, xq[a:b], dx[a:b], sx[a:b], out[a:b], v.d, v.m)
+                _group(v, g, xq[a:b], dx[a:b], sx[a:b], out[a:b], v.d, v.m, EXPERT_LEVELS == 2)

@@ -28,7 +28,7 @@ import numba as nb
 import numpy as np
 
 from colibri.model.hparams import HParams
-from colibri.model.kernels.int8_matmul import int8_matmul_slots, quantize_rows
+from colibri.model.kernels.int8_matmul import EXPERT_LEVELS, int8_matmul_slots, quantize_rows
 from colibri.model.kernels.ops import add_into, swiglu
 from colibri.model.network.layers import FFN, load_ffn, swiglu_ffn
 from colibri.model.network.weights import load_matrix, optional_vector
@@ -44,7 +44,7 @@ _DECAY = np.float32(HEAT_DECAY)
 _JIT = dict(nogil=True, cache=True)
 _JIT_FAST = dict(nogil=True, cache=True, fastmath=True)
 
-# The packed kinds whose decode rows take integer dot products (``int8_matmul``).
+# The packed kinds whose experts take integer dot products (``int8_matmul_slots``).
 _INT8_KINDS = (KIND_Q4, KIND_Q5, KIND_Q6, KIND_Q8)
 
 
@@ -254,8 +254,25 @@ def _quantized_pairs(h: np.ndarray, d_rows: np.ndarray, n_direct: int,
     pair_u = np.empty(d_rows.shape[0], np.int64)
     for j in range(d_rows.shape[0]):
         pair_u[j] = unique[d_rows[j]]
-    xq, dx, sx = quantize_rows(_gather(h, u_rows), per)
+    xq, dx, sx = quantize_rows(_gather(h, u_rows), per, EXPERT_LEVELS)
     return _gather(xq, pair_u), _gather(dx, pair_u), _gather(sx, pair_u)
+
+
+@nb.njit(**_JIT)
+def _int8_experts(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, pool: ExpertWeights, n_slots: int,
+                  slots: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Expert i's SwiGLU FFN on rows ``starts[i]:starts[i + 1]``, given quantized (``EXPERT_LEVELS``):
+    ``int8_matmul_slots`` for both matrices, every expert in one parallel region each."""
+    up, down = pool.gate_up, pool.down
+    n_ff = up.n_rows // n_slots // 2
+    gu = np.empty((xq.shape[0], 2 * n_ff), np.float32)
+    int8_matmul_slots(xq, dx, sx, up, n_slots, slots, starts, gu)
+    gate = np.ascontiguousarray(gu[:, :n_ff])
+    swiglu(gate, gu[:, n_ff:])
+    xq, dx, sx = quantize_rows(gate, n_ff // down.q.shape[1], EXPERT_LEVELS)
+    y = np.empty((xq.shape[0], down.n_rows // n_slots), np.float32)
+    int8_matmul_slots(xq, dx, sx, down, n_slots, slots, starts, y)
+    return y
 
 
 @nb.njit(**_JIT)
@@ -267,8 +284,9 @@ def apply_experts(
     expert alone is slot 0 of 1), on its rows: ``out[rows[j], ranks[j]] = expert_i(h[rows[j]])``
     for j in ``starts[i]:starts[i + 1]`` (rows ascending, so decode rows, those below
     ``n_direct``, come first). Packed Q4/Q5/Q6/Q8 experts take their decode rows all at once, one
-    parallel region per matrix for every expert (``int8_matmul_slots``); prompt rows, and the
-    other kinds, expert by expert through ``swiglu_ffn``, as in a dense layer."""
+    parallel region per matrix for every expert, and their prompt rows expert by expert, each in
+    its own (``_int8_experts``: the same kernel, one activation level); the other kinds go expert
+    by expert through ``swiglu_ffn``, as in a dense layer."""
     n_exp = slots.shape[0]
     int8 = pool.gate_up.kind in _INT8_KINDS and pool.down.kind in _INT8_KINDS
     n_dec = np.zeros(n_exp, np.int64)  # each expert's decode pairs (0 where not int8)
@@ -286,16 +304,9 @@ def apply_experts(
             for j in range(starts[i], starts[i] + n_dec[i]):
                 d_rows[at], d_ranks[at] = rows[j], ranks[j]
                 at += 1
-        up, down = pool.gate_up, pool.down
-        n_ff = up.n_rows // n_slots // 2
-        xq, dx, sx = _quantized_pairs(h, d_rows, n_direct, h.shape[1] // up.q.shape[1])
-        gu = np.empty((n_pairs, 2 * n_ff), np.float32)
-        int8_matmul_slots(xq, dx, sx, up, n_slots, d_slots, d_starts, gu)
-        gate = np.ascontiguousarray(gu[:, :n_ff])
-        swiglu(gate, gu[:, n_ff:])
-        xq, dx, sx = quantize_rows(gate, n_ff // down.q.shape[1])
-        y = np.empty((n_pairs, out.shape[2]), np.float32)
-        int8_matmul_slots(xq, dx, sx, down, n_slots, d_slots, d_starts, y)
+        per = h.shape[1] // pool.gate_up.q.shape[1]
+        xq, dx, sx = _quantized_pairs(h, d_rows, n_direct, per)
+        y = _int8_experts(xq, dx, sx, pool, n_slots, d_slots, d_starts)
         for j in range(n_pairs):
             out[d_rows[j], d_ranks[j]] = y[j]
     for i in range(n_exp):
@@ -308,9 +319,13 @@ def apply_experts(
         for j in range(a, b):
             if rows[j] < n_direct:
                 sub_direct += 1
-        w = slot(pool.gate_up, slots[i], n_slots), slot(pool.down, slots[i], n_slots)
-        y = np.empty((b - a, out.shape[2]), np.float32)
-        swiglu_ffn(sub, w[0], w[1], sub_direct, y)
+        if int8:  # the expert on its prompt rows, its own parallel region per matrix
+            xq, dx, sx = quantize_rows(sub, h.shape[1] // pool.gate_up.q.shape[1], EXPERT_LEVELS)
+            y = _int8_experts(xq, dx, sx, pool, n_slots, slots[i : i + 1], np.array([0, b - a]))
+        else:
+            w = slot(pool.gate_up, slots[i], n_slots), slot(pool.down, slots[i], n_slots)
+            y = np.empty((b - a, out.shape[2]), np.float32)
+            swiglu_ffn(sub, w[0], w[1], sub_direct, y)
         for j in range(a, b):
             out[rows[j], ranks[j]] = y[j - a]
 
