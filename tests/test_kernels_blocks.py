@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import pytest
 from ggml_harness import llama_matmul
-from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_matmul, rounded_activations
+from test_kernels import T_ROWS, assert_direct_rows_alone_equal_batched, check_matmul
 
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.store import packers
@@ -213,46 +213,6 @@ def test_a_stack_of_lane_formats_packs_to_one_kind_and_is_the_concatenation(type
     batched = np.empty((9, weight.n_rows), np.float32)
     qmatmul(x, weight, batched, 9)
     assert_direct_rows_alone_equal_batched(x, weight, batched, (0, 4, 8))
-
-
-def test_q4_k_and_q6_k_decode_rows_take_the_integer_path_on_the_blocks():
-    """A Q4_K_M expert's stack (Q4_K and Q6_K parts): decode rows by ``kquant_matmul``, within
-    float32's noise of the float path that decodes every weight (``direct_blocks``) on the same
-    activations (rounded to the integer path's levels), against the float product and llama.cpp's
-    own dot products; its bytes are the file's."""
-    from colibri.model.kernels.block_matmul import direct_blocks
-    from colibri.model.kernels.kquant_matmul import computes, kquant_matmul
-
-    rng = np.random.default_rng(11)
-    k = 768
-    raw4, w4 = random_rows(rng, 37, k, GGMLType.Q4_K)
-    raw6, w6 = random_rows(rng, 29, k, GGMLType.Q6_K)
-    parts = [(raw4, int(GGMLType.Q4_K)), (raw6, int(GGMLType.Q6_K))]
-    weight = make_weight(parts, k, lanes=False)
-    assert weight.kind == KIND_BLOCKS and computes(weight) and weight.raw.nbytes == raw4.nbytes + raw6.nbytes
-    assert not computes(make_weight([(random_rows(rng, 4, k, GGMLType.Q5_K)[0], int(GGMLType.Q5_K))], k,
-                                    lanes=False))
-    x = rng.standard_normal((5, k)).astype(np.float32)
-    ours, floats = np.empty((5, 66), np.float32), np.empty((5, 66), np.float32)
-    kquant_matmul(x, weight, ours)
-    direct_blocks(rounded_activations(x).astype(np.float32), weight, floats)
-    np.testing.assert_allclose(ours, floats, rtol=1e-5, atol=1e-5 * float(np.abs(floats).max()))
-    ref = np.concatenate([w4, w6])
-    for t in T_ROWS:
-        check_matmul(rng.standard_normal((t, k)).astype(np.float32), weight, ref)
-    check_against_llama(rng.standard_normal((3, k)).astype(np.float32), parts, ref)
-    batched = np.empty((9, 66), np.float32)
-    xb = rng.standard_normal((9, k)).astype(np.float32)
-    qmatmul(xb, weight, batched, 9)
-    assert_direct_rows_alone_equal_batched(xb, weight, batched, (0, 4, 8))
-    # prompt rows take the same path: a row's bits are the same in a prompt chunk as in a decode
-    # step (a MoE prefill's few rows per expert; before, they were decoded to float32 for BLAS)
-    prompt = np.empty((9, 66), np.float32)
-    qmatmul(xb, weight, prompt, 0)
-    np.testing.assert_array_equal(prompt, batched)
-    mixed = np.empty((9, 66), np.float32)
-    qmatmul(xb, weight, mixed, 3)
-    np.testing.assert_array_equal(mixed, batched)
 
 
 @pytest.mark.parametrize("types", [

@@ -71,8 +71,9 @@ _PAGE = mmap.PAGESIZE
 # and the fallbacks of its rows that are not whole 256-blocks. The others (Q2_K, Q3_K, IQ4) stay the
 # file's blocks. Q4_K packs into Q4 lanes at 1.03x its bytes, at 5-6 GB/s (``packers.pack_q4_k``),
 # Q6_K into Q6 lanes at 1.00x, ~3 GB/s; the Q5 formats into Q5 lanes (the file's scales; Q5_K
-# sub-scaled), value by value. The lanes kernel is 1.5-3x ``kquant_matmul``'s speed on Q4_K and
-# Q6_K blocks, and ~10x ``block_matmul``'s on Q5_0 (docs/performance.md).
+# sub-scaled), value by value. The lanes kernel was 1.5-3x the speed of integer dot products on
+# Q4_K and Q6_K blocks in place (a kernel since removed), and is ~10x ``block_matmul``'s on Q5_0
+# (docs/performance.md).
 STORE_LANES = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q5_0, GGMLType.Q5_1})
 
 

@@ -9,9 +9,7 @@ The activations stay float32. llama.cpp rounds them to 8 bits first (Q8_0 or Q8_
 here too, that rounding made our own decode and prefill logits differ by up to ~1 on the default
 model's K-quant files (a hair's difference before rounding flips a quant, and the model amplifies
 it), where float activations give the same logits both ways; llama.cpp's own token-by-token and
-batched logits differ by as much (docs/performance.md, "K-quants against llama.cpp"). Q4_K and
-Q6_K take ``kquant_matmul`` instead, decode and prompt rows, on two 8-bit levels (~15 bits); the
-other in-place formats come here.
+batched logits differ by as much (docs/performance.md, "K-quants against llama.cpp").
 """
 
 from __future__ import annotations

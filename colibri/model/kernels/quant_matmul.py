@@ -7,13 +7,8 @@
   (weight tiles dequantized to float32, then BLAS) until the integer path, four rows to a weight
   load, outran it at 512 rows (docs/performance.md, 2026-12-04).
 - Weights kept as the file's blocks (``Kind.BLOCKS``: the expert store's experts of the formats it
-  does not pack, ``experts.STORE_LANES``):
-  Q4_K and Q6_K by integer dot products on the blocks (``kquant_matmul``), decode and prompt rows
-  alike, so a row's result is the same in a prompt chunk and in a decode step: a MoE prefill hands
-  each expert the few rows routed to it (~16 of a 128-token chunk at top-8 of 64), where decoding
-  the whole expert to float32 for BLAS cost 3.2 ms and the integer rows 0.86 (768 x 1024 Q4_K, 16
-  rows). Other formats' decode rows are decoded to float32 a few rows at a time
-  (``block_matmul``), their prompt rows tiled through BLAS.
+  does not pack, ``experts.STORE_LANES``: Q2_K, Q3_K, IQ4): decode rows decoded to float32 a few
+  rows at a time (``block_matmul``), prompt rows tiled through BLAS.
 - Float formats widened to float32: BLAS.
 """
 
@@ -24,7 +19,6 @@ import numpy as np
 
 from colibri.model.kernels.block_matmul import direct_blocks, tiled_blocks
 from colibri.model.kernels.int8_matmul import int8_matmul
-from colibri.model.kernels.kquant_matmul import computes, kquant_matmul
 from colibri.store.numerics import KERNEL
 from colibri.store.packed import KIND_BLOCKS, KIND_F32, Weight
 
@@ -43,9 +37,6 @@ def qmatmul(x: np.ndarray, w: Weight, out: np.ndarray, n_direct: int) -> None:
             out[n_direct:] = np.dot(x[n_direct:], w.f.T)
         return
     if w.kind == KIND_BLOCKS:
-        if computes(w):  # Q4_K and Q6_K: integer dot products on the blocks, every row
-            kquant_matmul(x, w, out)
-            return
         if n_direct > 0:
             direct_blocks(x[:n_direct], w, out[:n_direct])
         if n_direct < x.shape[0]:
