@@ -21,6 +21,7 @@ import pytest
 from colibri.convert.writer import convert
 from colibri.model import reference
 from colibri.model.generate import SingleSequence
+from colibri.model.kernels.int8_matmul import EXPERT_LEVELS
 from colibri.model.loader import Model
 
 DATA = Path(__file__).parent / "data" / "tiny_hf"
@@ -32,8 +33,17 @@ VS_TRANSFORMERS = 1e-4
 # The engine against the reference, with a float32 KV cache (``kv_type="f32"``):
 # - f32 files: float32 arithmetic alone, measured 3.6-7.8e-6;
 # - q4_0 files: the engine also rounds every packed matrix's input to two 8-bit levels per block of
-#   32 (``int8_matmul.LEVELS``, ~15 bits), the reference not; measured 0.7-1.6e-3.
+#   32 (``int8_matmul.LEVELS``, ~15 bits), the reference not, but for the experts' inputs, which
+#   both round to one level (``EXPERT_LEVELS``, ``reference.rounded``); measured 0.7-1.6e-3 on the
+#   dense llama;
+# - the MoE architectures' q4_0 files (EXPERTS_BOUND: the median over positions of the max abs
+#   difference, and the max): the engine's float32 (and its dense inputs' 15 bits) move some of
+#   the experts' inputs across a rounding boundary of their one level, a step of max|x| / 127
+#   each, which the reference's float64 rounds the other way; measured medians 1.2e-3 to 1.7e-2,
+#   max 0.054-0.142 (without the reference's rounding 0.09-0.15, and 1.77 where a moved input
+#   flipped a routing near-tie).
 ENGINE_BOUND = {"f32": 5e-5, "q4_0": 4e-3}
+EXPERTS_BOUND = (0.05, 0.3)
 # The default model (SmolLM2 Q4_1, 30 layers) over 85 positions: the rounded activations as above;
 # with the KV cache in halves (the default) also keys and values to 11 bits. Measured max 9.9e-3
 # (f32 cache), 3.9e-2 (halves); medians 8.5e-4 and 2.8e-3.
@@ -124,8 +134,14 @@ def test_engine_matches_reference(arch, type_name, tiny):
     """The sequence in prompt chunks of 5, so that later chunks attend to cached keys."""
     path, ids = tiny(arch, type_name), Transformers(arch).ids
     ours = SingleSequence(Model(path, kv_type="f32"), 256, 5).prefill(ids, all_logits=True)
-    diff = max_diff(ours, reference.forward(path, ids))
-    assert diff < ENGINE_BOUND[type_name], f"{arch} {type_name}: max abs logit difference {diff:.2e}"
+    levels = EXPERT_LEVELS if type_name != "f32" else 0  # a quantized file's experts round their inputs
+    err = np.abs(ours - reference.forward(reference.Weights(path, levels), ids)).max(-1)  # per position
+    if arch != "llama" and type_name != "f32":
+        median, most = EXPERTS_BOUND
+        assert np.median(err) < median and err.max() < most, (
+            f"{arch} {type_name}: median {np.median(err):.2e}, max {err.max():.2e}")
+    else:
+        assert err.max() < ENGINE_BOUND[type_name], f"{arch} {type_name}: max abs difference {err.max():.2e}"
 
 
 @pytest.mark.parametrize("kv_type", list(DEFAULT_MODEL_BOUND))

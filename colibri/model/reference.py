@@ -3,8 +3,9 @@ written down once, readable top to bottom (in the manner of nanoGPT and llama2.c
 
 Nothing here shares code with the engine: the ``gguf`` package reads the file (metadata, tensors)
 and dequantizes the blocks, numpy computes in float64 over the whole sequence at once (no KV cache,
-no batching, no quantized activations). What it gives is what the file's weights mean, so a test
-holds the engine's logits against it, and it against transformers' where a test has those.
+no batching, no quantized activations but the experts' inputs where asked: ``Weights``). What it
+gives is what the file's weights mean, so a test holds the engine's logits against it, and it
+against transformers' where a test has those.
 
     logits = forward(Weights(path), token_ids)  # [len(token_ids), n_vocab], every position
 
@@ -49,9 +50,12 @@ class Config:
 
 class Weights:
     """A GGUF file's metadata and tensors, dequantized to float64 by the ``gguf`` package whenever
-    asked for (nothing is kept: a real model does not fit in memory as float64)."""
+    asked for (nothing is kept: a real model does not fit in memory as float64). ``expert_levels``:
+    round the routed experts' inputs to that many 8-bit levels per 32 values first, as a quantized
+    file's experts in the engine are (``rounded``); 0, the default, leaves them exact."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, expert_levels: int = 0) -> None:
+        self.expert_levels = expert_levels
         self.reader = gguf.GGUFReader(path)
         self.tensors = {t.name: t for t in self.reader.tensors}
         arch = self.meta("general.architecture")
@@ -179,14 +183,31 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, axis=-1, kind="stable")[:, :k]
 
 
+def rounded(x: np.ndarray, levels: int) -> np.ndarray:
+    """Each row of ``x`` as ``levels`` 8-bit levels per 32 values: the first on the step max|x| / 127
+    (Q8_0's), each next rounding what is left on a step 254 times finer; 0 levels, ``x``."""
+    if levels == 0:
+        return x
+    blocks = x.reshape(x.shape[0], -1, 32)
+    step = np.abs(blocks).max(-1, keepdims=True) / 127
+    rest, out = blocks, np.zeros_like(blocks)
+    for _ in range(levels):
+        q = np.clip(np.rint(np.divide(rest, step, out=np.zeros_like(rest), where=step > 0)), -127, 127)
+        out, rest, step = out + q * step, rest - q * step, step / 254
+    return out.reshape(x.shape)
+
+
 def experts(w: Weights, prefix: str, h: np.ndarray, chosen: np.ndarray, weight: np.ndarray) -> np.ndarray:
     """``sum_r weight[t, r] * expert_{chosen[t, r]}(h[t])`` for every row t: the routed experts,
-    each a SwiGLU, slices of the layer's 3-D tensors ``ffn_{gate,up,down}_exps``."""
+    each a SwiGLU, slices of the layer's 3-D tensors ``ffn_{gate,up,down}_exps``, their inputs
+    ``rounded`` to ``w.expert_levels``."""
     gate, up, down = (w[f"{prefix}ffn_{m}_exps.weight"] for m in ("gate", "up", "down"))
     out = np.zeros_like(h)
+    x = rounded(h, w.expert_levels)
     for t in range(h.shape[0]):
         for e, g in zip(chosen[t], weight[t], strict=True):
-            out[t] += g * swiglu(h[t : t + 1], gate[e], up[e], down[e])[0]
+            inner = rounded(silu(x[t : t + 1] @ gate[e].T) * (x[t : t + 1] @ up[e].T), w.expert_levels)
+            out[t] += g * (inner @ down[e].T)[0]
     return out
 
 

@@ -303,6 +303,7 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
     """Rows ``GROUP g ..`` of W against every activation row: four rows at a time, one vector of
     16 weight rows after the other, then the rest of the rows one at a time, both vectors at once.
     ``ds``, ``ms``: the weight's scales and offsets, float32 or halves (d and m, or dh and mh).
+    ``two``: ``xq`` holds two levels (a constant of each entry point, so each compiles one copy).
     One copy of the loops for every kind, its bit width decided at run time (a copy per kind
     made 16 rows 12% faster but compiled 3.5-4x slower), but Q5's and Q6's block loops (``Q5_QUADS``,
     ``Q6_QUADS``)."""
@@ -408,6 +409,7 @@ def int8_matmul_slots(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, w: Weight,
     a decode token's top-k made 2k regions a layer, each a barrier of two threads over a ~1 MB
     matrix. The rows are at ``EXPERT_LEVELS``; a row's result takes the same steps whatever the
     other rows and experts."""
+    assert xq.shape[1] == EXPERT_LEVELS  # the loops below are compiled for that many
     n_groups = w.q.shape[0] // n_slots
     for item in nb.prange(slots.shape[0] * n_groups):
         i = item // n_groups
