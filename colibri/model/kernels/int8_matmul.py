@@ -302,8 +302,7 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
            ds: np.ndarray, ms: np.ndarray, two: bool) -> None:
     """Rows ``GROUP g ..`` of W against every activation row: four rows at a time, one vector of
     16 weight rows after the other, then the rest of the rows one at a time, both vectors at once.
-    ``ds``, ``ms``: the weight's scales and offsets, float32 or halves (d and m, or dh and mh).
-    ``two``: ``xq`` holds two levels (a constant of each entry point, so each compiles one copy).
+    ``ds``, ``ms``: scales and offsets, float32 or halves; ``two``: two levels (an entry's constant).
     One copy of the loops for every kind, its bit width decided at run time (a copy per kind
     made 16 rows 12% faster but compiled 3.5-4x slower), but Q5's and Q6's block loops (``Q5_QUADS``,
     ``Q6_QUADS``)."""
