@@ -17,6 +17,7 @@ import pytest
 from colibri.model.generate import SingleSequence
 from colibri.model.kernels.int8_matmul import LEVELS
 from colibri.model.loader import Model
+from colibri.model.reference import rounded
 from colibri.model.sampling import Sampler, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,23 +69,6 @@ def rope(x: np.ndarray, head_dim: int, base: float = 10000.0) -> np.ndarray:
     c, s = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
     a, b = x[..., 0], x[..., 1]
     return np.stack([a * c - b * s, a * s + b * c], axis=-1).reshape(t_rows, -1)
-
-
-def rounded(x: np.ndarray, levels: int) -> np.ndarray:
-    """x in ``levels`` 8-bit levels per 32 values, as the integer matmul takes a packed weight's
-    activations: Q8_0's rounding (max / 127, ties to even), then each remainder's on a step 254
-    times finer; ``levels`` 0: x itself (the float kinds)."""
-    if levels == 0:
-        return x
-    blocks = x.reshape(x.shape[0], -1, 32)
-    d = np.abs(blocks).max(-1, keepdims=True).astype(np.float32) / np.float32(127.0)
-    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0)
-    rest, seen = blocks.copy(), np.zeros_like(blocks)
-    for _ in range(levels):
-        part = np.clip(np.rint(rest * inv), -127, 127) * d
-        seen, rest = seen + part, rest - part
-        d, inv = d / np.float32(254.0), inv * 254.0
-    return seen.reshape(x.shape)
 
 
 def half(x: np.ndarray) -> np.ndarray:

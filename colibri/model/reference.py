@@ -184,17 +184,20 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def rounded(x: np.ndarray, levels: int) -> np.ndarray:
-    """Each row of ``x`` as ``levels`` 8-bit levels per 32 values: the first on the step max|x| / 127
-    (Q8_0's), each next rounding what is left on a step 254 times finer; 0 levels, ``x``."""
+    """Each row of ``x`` as ``levels`` 8-bit levels per 32 values, as the engine's integer matmul
+    takes its activations: Q8_0's rounding (the step max|x| / 127 in float32, ties to even), then
+    each remainder's on a step 254 times finer; 0 levels, ``x`` itself."""
     if levels == 0:
         return x
     blocks = x.reshape(x.shape[0], -1, 32)
-    step = np.abs(blocks).max(-1, keepdims=True) / 127
-    rest, out = blocks, np.zeros_like(blocks)
+    d = np.abs(blocks).max(-1, keepdims=True).astype(np.float32) / np.float32(127.0)
+    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0)
+    rest, seen = blocks.copy(), np.zeros_like(blocks)
     for _ in range(levels):
-        q = np.clip(np.rint(np.divide(rest, step, out=np.zeros_like(rest), where=step > 0)), -127, 127)
-        out, rest, step = out + q * step, rest - q * step, step / 254
-    return out.reshape(x.shape)
+        part = np.clip(np.rint(rest * inv), -127, 127) * d
+        seen, rest = seen + part, rest - part
+        d, inv = d / np.float32(254.0), inv * 254.0
+    return seen.reshape(x.shape)
 
 
 def experts(w: Weights, prefix: str, h: np.ndarray, chosen: np.ndarray, weight: np.ndarray) -> np.ndarray:

@@ -295,6 +295,7 @@ def apply_experts(
             if int8 and rows[j] < n_direct:
                 n_dec[i] += 1
     d_slots, d_starts = _decode_items(slots, n_dec)
+    per = h.shape[1] // pool.gate_up.q.shape[1] if int8 else 0  # values per weight block: 32, or Q6's 16
     n_pairs = d_starts[-1]
     if n_pairs > 0:
         d_rows = np.empty(n_pairs, np.int64)
@@ -304,7 +305,6 @@ def apply_experts(
             for j in range(starts[i], starts[i] + n_dec[i]):
                 d_rows[at], d_ranks[at] = rows[j], ranks[j]
                 at += 1
-        per = h.shape[1] // pool.gate_up.q.shape[1]
         xq, dx, sx = _quantized_pairs(h, d_rows, n_direct, per)
         y = _int8_experts(xq, dx, sx, pool, n_slots, d_slots, d_starts)
         for j in range(n_pairs):
@@ -315,14 +315,14 @@ def apply_experts(
         if b == a:
             continue
         sub = _gather(h, rows[a:b])
-        sub_direct = 0
-        for j in range(a, b):
-            if rows[j] < n_direct:
-                sub_direct += 1
         if int8:  # the expert on its prompt rows, its own parallel region per matrix
-            xq, dx, sx = quantize_rows(sub, h.shape[1] // pool.gate_up.q.shape[1], EXPERT_LEVELS)
+            xq, dx, sx = quantize_rows(sub, per, EXPERT_LEVELS)
             y = _int8_experts(xq, dx, sx, pool, n_slots, slots[i : i + 1], np.array([0, b - a]))
         else:
+            sub_direct = 0
+            for j in range(a, b):
+                if rows[j] < n_direct:
+                    sub_direct += 1
             w = slot(pool.gate_up, slots[i], n_slots), slot(pool.down, slots[i], n_slots)
             y = np.empty((b - a, out.shape[2]), np.float32)
             swiglu_ffn(sub, w[0], w[1], sub_direct, y)
