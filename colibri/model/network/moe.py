@@ -218,37 +218,17 @@ def _gather(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 @nb.njit(**_JIT)
-def _decode_items(slots: np.ndarray, n_dec: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The experts with decode pairs (``n_dec[i] > 0``): their slots, and their pairs numbered
-    from 0 (``d_starts``). Only they are the parallel regions' work items, so that the threads
-    split real work evenly."""
-    n_d = 0
-    for i in range(slots.shape[0]):
-        n_d += n_dec[i] > 0
-    d_slots = np.empty(n_d, np.int64)
-    d_starts = np.zeros(n_d + 1, np.int64)
-    x = 0
-    for i in range(slots.shape[0]):
-        if n_dec[i] > 0:
-            d_slots[x] = slots[i]
-            d_starts[x + 1] = d_starts[x] + n_dec[i]
-            x += 1
-    return d_slots, d_starts
-
-
-@nb.njit(**_JIT)
-def _quantized_pairs(h: np.ndarray, d_rows: np.ndarray, n_direct: int,
-                     per: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _quantized_pairs(h: np.ndarray, d_rows: np.ndarray, per: int) -> tuple[np.ndarray, ...]:
     """``quantize_rows(h[d_rows])``: each distinct row quantized once (a row's quants depend on the
     row alone), then copied per pair; an expert applied alone quantizes its own rows only."""
-    unique = np.full(n_direct, -1, np.int64)
+    unique = np.full(h.shape[0], -1, np.int64)
     n_u = 0
     for j in range(d_rows.shape[0]):
         if unique[d_rows[j]] < 0:
             unique[d_rows[j]] = n_u
             n_u += 1
     u_rows = np.empty(n_u, np.int64)
-    for r in range(n_direct):
+    for r in range(h.shape[0]):
         if unique[r] >= 0:
             u_rows[unique[r]] = r
     pair_u = np.empty(d_rows.shape[0], np.int64)
@@ -282,50 +262,32 @@ def apply_experts(
 ) -> None:
     """Expert i, slot ``slots[i]`` of the ``n_slots`` stacked in ``pool`` (``packed.slot``; an
     expert alone is slot 0 of 1), on its rows: ``out[rows[j], ranks[j]] = expert_i(h[rows[j]])``
-    for j in ``starts[i]:starts[i + 1]`` (rows ascending, so decode rows, those below
-    ``n_direct``, come first). Packed Q4/Q5/Q6/Q8 experts take their decode rows all at once, one
-    parallel region per matrix for every expert, and their prompt rows expert by expert, each in
-    its own (``_int8_experts``: the same kernel, one activation level); the other kinds go expert
-    by expert through ``swiglu_ffn``, as in a dense layer."""
-    n_exp = slots.shape[0]
-    int8 = pool.gate_up.kind in _INT8_KINDS and pool.down.kind in _INT8_KINDS
-    n_dec = np.zeros(n_exp, np.int64)  # each expert's decode pairs (0 where not int8)
-    for i in range(n_exp):
-        for j in range(starts[i], starts[i + 1]):
-            if int8 and rows[j] < n_direct:
-                n_dec[i] += 1
-    d_slots, d_starts = _decode_items(slots, n_dec)
-    per = h.shape[1] // pool.gate_up.q.shape[1] if int8 else 0  # values per weight block: 32, or Q6's 16
-    n_pairs = d_starts[-1]
-    if n_pairs > 0:
-        d_rows = np.empty(n_pairs, np.int64)
-        d_ranks = np.empty(n_pairs, np.int64)
-        at = 0
-        for i in range(n_exp):
-            for j in range(starts[i], starts[i] + n_dec[i]):
-                d_rows[at], d_ranks[at] = rows[j], ranks[j]
-                at += 1
-        xq, dx, sx = _quantized_pairs(h, d_rows, n_direct, per)
-        y = _int8_experts(xq, dx, sx, pool, n_slots, d_slots, d_starts)
-        for j in range(n_pairs):
-            out[d_rows[j], d_ranks[j]] = y[j]
-    for i in range(n_exp):
-        a = starts[i] + n_dec[i]  # the pairs left: prompt rows, or every row
-        b = starts[i + 1]
+    for j in ``starts[i]:starts[i + 1]``. Packed Q4/Q5/Q6/Q8 experts take every pair at once,
+    decode and prompt rows alike, one parallel region per matrix for all the experts
+    (``_int8_experts``; ``int8_matmul_slots`` splits each expert's groups evenly between the
+    threads): expert by expert, a prompt's experts took four regions each, and the whole was 7-8%
+    slower on a real prefill's skewed routing (docs/performance.md). The other kinds go expert by
+    expert through ``swiglu_ffn``, as in a dense layer (rows ascending: decode rows, those below
+    ``n_direct``, first)."""
+    if pool.gate_up.kind in _INT8_KINDS and pool.down.kind in _INT8_KINDS:
+        lo, hi = starts[0], starts[-1]
+        per = h.shape[1] // pool.gate_up.q.shape[1]  # values per weight block: 32, or Q6's 16
+        xq, dx, sx = _quantized_pairs(h, rows[lo:hi], per)
+        y = _int8_experts(xq, dx, sx, pool, n_slots, slots, starts - lo)
+        for j in range(lo, hi):
+            out[rows[j], ranks[j]] = y[j - lo]
+        return
+    for i in range(slots.shape[0]):
+        a, b = starts[i], starts[i + 1]
         if b == a:
             continue
-        sub = _gather(h, rows[a:b])
-        if int8:  # the expert on its prompt rows, its own parallel region per matrix
-            xq, dx, sx = quantize_rows(sub, per, EXPERT_LEVELS)
-            y = _int8_experts(xq, dx, sx, pool, n_slots, slots[i : i + 1], np.array([0, b - a]))
-        else:
-            sub_direct = 0
-            for j in range(a, b):
-                if rows[j] < n_direct:
-                    sub_direct += 1
-            w = slot(pool.gate_up, slots[i], n_slots), slot(pool.down, slots[i], n_slots)
-            y = np.empty((b - a, out.shape[2]), np.float32)
-            swiglu_ffn(sub, w[0], w[1], sub_direct, y)
+        sub_direct = 0
+        for j in range(a, b):
+            if rows[j] < n_direct:
+                sub_direct += 1
+        w = slot(pool.gate_up, slots[i], n_slots), slot(pool.down, slots[i], n_slots)
+        y = np.empty((b - a, out.shape[2]), np.float32)
+        swiglu_ffn(_gather(h, rows[a:b]), w[0], w[1], sub_direct, y)
         for j in range(a, b):
             out[rows[j], ranks[j]] = y[j - a]
 
