@@ -168,9 +168,11 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * sigmoid(x)
 
 
-def swiglu(h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray) -> np.ndarray:
-    """The gated feed-forward of every architecture here: ``down(silu(gate·h) * up·h)``."""
-    return (silu(h @ gate.T) * (h @ up.T)) @ down.T
+def swiglu(h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, levels: int = 0) -> np.ndarray:
+    """The gated feed-forward of every architecture here: ``down(silu(gate·h) * up·h)``, each
+    matrix's input ``rounded`` to ``levels`` first (0: exact)."""
+    h = rounded(h, levels)
+    return rounded(silu(h @ gate.T) * (h @ up.T), levels) @ down.T
 
 
 def dense_ffn(w: Weights, prefix: str, h: np.ndarray, suffix: str = "") -> np.ndarray:
@@ -206,11 +208,9 @@ def experts(w: Weights, prefix: str, h: np.ndarray, chosen: np.ndarray, weight: 
     ``rounded`` to ``w.expert_levels``."""
     gate, up, down = (w[f"{prefix}ffn_{m}_exps.weight"] for m in ("gate", "up", "down"))
     out = np.zeros_like(h)
-    x = rounded(h, w.expert_levels)
     for t in range(h.shape[0]):
         for e, g in zip(chosen[t], weight[t], strict=True):
-            inner = rounded(silu(x[t : t + 1] @ gate[e].T) * (x[t : t + 1] @ up[e].T), w.expert_levels)
-            out[t] += g * (inner @ down[e].T)[0]
+            out[t] += g * swiglu(h[t : t + 1], gate[e], up[e], down[e], w.expert_levels)[0]
     return out
 
 
