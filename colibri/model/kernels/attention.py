@@ -15,7 +15,18 @@ import numba as nb
 import numpy as np
 
 from colibri.model.kernels.ops import exp_from_peak
-from colibri.store.halves import loaded, stored
+from colibri.model.kernels.simd import (
+    LANES,
+    fma_float,
+    load_part,
+    load_widened,
+    mul_float,
+    splat_float,
+    store_floats,
+    sum_lanes4,
+    zeros_float,
+)
+from colibri.store.halves import stored
 from colibri.store.numerics import KERNEL
 
 
@@ -48,49 +59,107 @@ def store_kv(
                 v_cache[s, layer, p, h, d] = stored(v_cache, v[t, h * head_dim + d])
 
 
-@nb.njit(**KERNEL)
-def _attend_row(q: np.ndarray, keys: np.ndarray, values: np.ndarray, position: int, h: int,
-                kh: int, out: np.ndarray, scratch: np.ndarray) -> None:
-    """One row's query head ``h`` (``q``: the row) against kv head kh of its slot and layer
-    (``keys``, ``values``: [position, kv_head, dim]) over positions ``0..position``, into ``out``
-    (the row); ``scratch``: float32 [2, > position].
+# Query heads of one kv head taken together (grouped-query attention): each key and value is
+# loaded and widened once for up to this many heads, and their four sums reduced in one tree.
+HEADS = 4
+# Rows x kv heads below which a step takes one query head per work item instead (a decode step's
+# few rows), so that the threads' shares differ by a fraction of an item's cost. A constant, not
+# a multiple of the threads: numba caches no function that asks for their number.
+MIN_BLOCK_ITEMS = 16
 
-    Plain loops, no copies and no BLAS call: their fixed costs were most of a decode row's
-    attention (14 us a layer at position 40, now 4-6). Each inner loop indexes a 1-D row by its
-    ``range``: an index numba cannot prove non-negative gets a wraparound select per element, and
-    LLVM then loads the row with gathers (5x slower)."""
-    head_dim, n = keys.shape[2], position + 1
-    qh, oh = q[h * head_dim : (h + 1) * head_dim], out[h * head_dim : (h + 1) * head_dim]
+
+@nb.njit(inline="always", **KERNEL)
+def _lanes(row, at: int, c: int, width: int):  # noqa: ANN001, ANN202
+    """Lanes ``c .. c + 16`` of the ``width`` values from ``row[at]`` as float32, zeros past
+    ``width`` (a head's last, partial vector; none at all from ``c >= width``)."""
+    if c + LANES <= width:
+        return load_widened(row, at + c)
+    return load_part(row, at + c, width - c)
+
+
+@nb.njit(inline="always", **KERNEL)
+def _dots(q, q0: int, keys, at: int, head_dim: int, m: int):  # noqa: ANN001, ANN202
+    """Query heads ``q0, q0 + head_dim, ..`` (m of them, 1..HEADS) dotted with the key at ``at``.
+    Each head's sum takes the same steps whatever ``m`` (``sum_lanes4`` adds as ``sum_lanes``)."""
+    a0 = a1 = a2 = a3 = zeros_float()
+    for c in range(0, head_dim, LANES):
+        k = _lanes(keys, at, c, head_dim)
+        a0 = fma_float(_lanes(q, q0, c, head_dim), k, a0)
+        if m > 1:
+            a1 = fma_float(_lanes(q, q0 + head_dim, c, head_dim), k, a1)
+        if m > 2:
+            a2 = fma_float(_lanes(q, q0 + 2 * head_dim, c, head_dim), k, a2)
+        if m > 3:
+            a3 = fma_float(_lanes(q, q0 + 3 * head_dim, c, head_dim), k, a3)
+    return sum_lanes4(a0, a1, a2, a3)
+
+
+@nb.njit(inline="always", **KERNEL)
+def _weighted(values, e, m: int, n: int, at0: int, stride: int, c: int, head_dim: int):  # noqa: ANN001, ANN202
+    """``sum_p e[j, p] value_p[c : c + 32]`` over positions p < n for heads j < m: two vectors
+    per head, each value vector loaded and widened once for all m."""
+    a0 = a1 = b0 = b1 = c0 = c1 = d0 = d1 = zeros_float()
+    for p in range(n):
+        at = at0 + p * stride
+        v0, v1 = _lanes(values, at, c, head_dim), _lanes(values, at, c + LANES, head_dim)
+        w = splat_float(e[0, p])
+        a0, a1 = fma_float(w, v0, a0), fma_float(w, v1, a1)
+        if m > 1:
+            w = splat_float(e[1, p])
+            b0, b1 = fma_float(w, v0, b0), fma_float(w, v1, b1)
+        if m > 2:
+            w = splat_float(e[2, p])
+            c0, c1 = fma_float(w, v0, c0), fma_float(w, v1, c1)
+        if m > 3:
+            w = splat_float(e[3, p])
+            d0, d1 = fma_float(w, v0, d0), fma_float(w, v1, d1)
+    return a0, a1, b0, b1, c0, c1, d0, d1
+
+
+@nb.njit(**KERNEL)
+def _attend_heads(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n: int, h0: int, m: int,
+                  kh: int, out: np.ndarray) -> None:
+    """Query heads ``h0 .. h0 + m`` of one row (``q``; ``out``: its output, [1, n_heads * dim])
+    against kv head ``kh`` of its slot and layer (``keys``, ``values``: [position, kv_head, dim])
+    over positions ``0..n-1``: ``out = softmax(q·K / sqrt(d)) · V`` per head."""
+    head_dim, stride = keys.shape[2], keys.shape[1] * keys.shape[2]
     scale = np.float32(1.0 / np.sqrt(head_dim))
-    scores, e = scratch[0, :n], scratch[1, :n]
+    scores, e = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+    q0 = h0 * head_dim
     for p in range(n):
-        key = keys[p, kh]
-        acc = np.float32(0.0)
-        for i in range(head_dim):
-            acc += qh[i] * loaded(key[i])
-        scores[p] = acc * scale
-    total = exp_from_peak(scores, e)
-    oh[:] = 0.0
-    for p in range(n):
-        weight, value = e[p] / total, values[p, kh]
-        for i in range(head_dim):
-            oh[i] += weight * loaded(value[i])
+        sums = _dots(q, q0, keys, p * stride + kh * head_dim, head_dim, m)
+        for j in range(m):
+            scores[j, p] = sums[j] * scale
+    inv = np.empty(HEADS, np.float32)
+    for j in range(m):
+        inv[j] = np.float32(1.0) / exp_from_peak(scores[j], e[j])
+    for c in range(0, head_dim, 2 * LANES):
+        sums8 = _weighted(values, e, m, n, kh * head_dim, stride, c, head_dim)
+        for j in range(m):
+            at = q0 + j * head_dim + c
+            store_floats(out, 0, at, mul_float(sums8[2 * j], splat_float(inv[j])), head_dim - c)
+            store_floats(out, 0, at + LANES, mul_float(sums8[2 * j + 1], splat_float(inv[j])),
+                         head_dim - c - LANES)
 
 
 @nb.njit(parallel=True, **KERNEL)
 def _rows_parallel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int,
                    slots: np.ndarray, positions: np.ndarray, n_heads: int, group: int,
                    out: np.ndarray) -> None:
-    """Every row: one work item per row and query head, head-major: the threads split the items
-    into equal runs, and a prompt's later rows cost more (more positions), so each run takes
+    """Every row: one work item per row and block of up to HEADS query heads of one kv head (one
+    head each when the step has too few rows for the threads), head-major: the threads split the
+    items into equal runs, and a prompt's later rows cost more (more positions), so each run takes
     every row of its heads (row-major, one thread took the prompt's second half, ~3/4 of the
-    work)."""
-    t_rows = q.shape[0]
-    for item in nb.prange(t_rows * n_heads):
-        h, t = item // t_rows, item % t_rows
-        s, position = slots[t], positions[t]
-        scratch = np.empty((2, position + 1), np.float32)
-        _attend_row(q[t], k_cache[s, layer], v_cache[s, layer], position, h, h // group, out[t], scratch)
+    work). A head's bits do not depend on its block."""
+    t_rows, n_kv = q.shape[0], n_heads // group
+    per = HEADS if t_rows * n_kv >= MIN_BLOCK_ITEMS else 1
+    blocks = (group + per - 1) // per  # of each kv head's query heads
+    for item in nb.prange(t_rows * n_kv * blocks):
+        b, t = item // t_rows, item % t_rows
+        kh, j0 = b // blocks, b % blocks * per
+        s = slots[t]
+        _attend_heads(q[t], k_cache[s, layer], v_cache[s, layer], positions[t] + 1, kh * group + j0,
+                      min(per, group - j0), kh, out[t : t + 1])
 
 
 @nb.njit(**KERNEL)
@@ -100,14 +169,15 @@ def attend(
 ) -> None:
     """``out[t, head] = softmax(q·K / sqrt(d)) · V`` over the row's slot, causally.
 
-    Every row, decode or prompt, is computed on its own, one query head per work item, by the
-    same compiled loop whatever the batch, so its bits are too: a prompt run whole, in chunks or
-    token by token gives bitwise the same attention (and, with the matmuls' integer path, the
-    same logits). Prompt runs took two BLAS products per run and head until 2026-12-04: ~15% of
-    a 512-token prefill faster, but their rows differed from the decode loop's in the last bits
-    (8e-5 in the logits), which two activation levels then amplified (docs/performance.md).
-    Small batches on the calling thread instead, where LLVM inlines and vectorizes the loop its
-    own way, changed the last bit of some outputs."""
+    Every row, decode or prompt, is computed on its own by the same compiled loop whatever the
+    batch, so its bits are too: a prompt run whole, in chunks or token by token gives bitwise
+    the same attention (and, with the matmuls' integer path, the same logits). The loop is
+    written in explicit vectors (``simd``), each sum's order fixed, the query heads of a kv head
+    sharing each key's and value's load: 1.6x the speed of the scalar loop LLVM vectorized
+    (docs/performance.md), whose order was its own (small batches on the calling thread, where
+    it inlined the loop differently, changed the last bit of some outputs). Prompt runs took two
+    BLAS products per run and head until 2026-12-04: their rows differed from the decode loop's
+    in the last bits (8e-5 in the logits), which two activation levels then amplified."""
     # int64 indices whatever the caller's: one compiled loop, one set of bits
     _rows_parallel(q, k_cache, v_cache, layer, slots.astype(np.int64), positions.astype(np.int64),
                    n_heads, n_heads // n_kv, out)

@@ -43,7 +43,7 @@ from colibri.model.kernels.simd import (
     load_bytes,
     load_i8_floats,
     load_quad,
-    load_scales,
+    load_widened,
     low_fives,
     low_nibbles,
     low_sixes,
@@ -165,12 +165,12 @@ def _scales(df, mf, sdf, smf, s: int, at: int, stored_m: bool, subbed: bool):  #
     """A block's scales and offsets for 16 weight rows: ``d`` and ``m`` at ``s``, each times its
     block's integer multiple at ``at`` where the weight is sub-scaled (``packed.SUB_SCALED``: the
     decoder's float32 product, bit for bit); ``m`` is ``d`` where the offset is derived."""
-    dw = load_scales(df, s)
+    dw = load_widened(df, s)
     if subbed:
         dw = mul_float(dw, load_i8_floats(sdf, at))
     if not stored_m:
         return dw, dw
-    mw = load_scales(mf, s)
+    mw = load_widened(mf, s)
     if subbed:
         mw = mul_float(mw, load_i8_floats(smf, at))
     return dw, mw

@@ -1,5 +1,5 @@
-"""512-bit vectors as numba values: the few operations the integer matmul needs, each one LLVM
-instruction (or a short generic sequence), written as numba intrinsics.
+"""512-bit vectors as numba values: the few operations the integer matmul and attention need, each
+one LLVM instruction (or a short generic sequence), written as numba intrinsics.
 
 numba's auto-vectorizer never emits the integer dot products that make 4-bit matmuls fast
 (AVX-512 VNNI's ``vpdpbusd``: 64 u8 x s8 products summed in fours, one instruction), and it
@@ -105,14 +105,14 @@ load_halves = _vector_load(ir.VectorType(ir.HalfType(), LANES), 2, f32x16,
                            lambda builder, v: builder.fpext(v, _VF))
 
 
-def load_scales(arr: object, idx: int) -> object:
+def load_widened(arr: object, idx: int) -> object:
     """16 float32 from a float32 array, or 16 halves widened from a uint16 one (chosen when the
-    caller is compiled: a kernel passes whichever array its weight keeps)."""
+    caller is compiled: a kernel passes whichever array its weight or KV cache keeps)."""
     raise NotImplementedError("numba only")
 
 
-@overload(load_scales, inline="always")
-def _load_scales(arr, idx):  # noqa: ANN001, ANN202
+@overload(load_widened, inline="always")
+def _load_widened(arr, idx):  # noqa: ANN001, ANN202
     if isinstance(arr, types.Array) and arr.dtype == types.uint16:
         return lambda arr, idx: load_halves(arr, idx)
     return lambda arr, idx: load_floats(arr, idx)
@@ -288,3 +288,77 @@ def fma_float(typingctx, a, b, c):  # noqa: ANN001, ANN201
 # 16 signed bytes of a byte array from element ``idx``, as float32 lanes.
 load_i8_floats = _vector_load(ir.VectorType(_I8, LANES), 1, f32x16,
                               lambda builder, v: builder.sitofp(v, _VF))
+
+
+def _masked_load(elem: ir.Type, align: int):  # noqa: ANN202
+    """An intrinsic ``load(arr, idx, n)``: the first ``n`` (0..16) elements from element ``idx``
+    as float32 lanes, zeros past them (an AVX-512 masked load: nothing past ``n`` is read)."""
+    vty = ir.VectorType(elem, LANES)
+
+    def load(typingctx, arr, idx, n):  # noqa: ANN001, ANN202
+        _check_c(arr)
+
+        def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+            ptr = _address(context, builder, sig.args[0], args[0], args[1], vty)
+            count = context.cast(builder, args[2], sig.args[2], types.int32)
+            mask = builder.icmp_signed("<", ir.Constant(_VI, list(range(LANES))), _splat(builder, count, _VI))
+            suffix = "v16f16" if elem == ir.HalfType() else "v16f32"
+            fnty = ir.FunctionType(vty, [ptr.type, _I32, mask.type, vty])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.masked.load.{suffix}.p0")
+            value = builder.call(fn, [ptr, ir.Constant(_I32, align), mask, ir.Constant(vty, [0.0] * LANES)])
+            return value if elem == ir.FloatType() else builder.fpext(value, _VF)
+        return f32x16(arr, idx, n), codegen
+    return intrinsic(load)
+
+
+_load_floats_part = _masked_load(ir.FloatType(), 4)
+_load_halves_part = _masked_load(ir.HalfType(), 2)
+
+
+def load_part(arr: object, idx: int, n: int) -> object:
+    """``load_widened``'s first ``n`` lanes, the rest zeros: a row's last, partial vector."""
+    raise NotImplementedError("numba only")
+
+
+@overload(load_part, inline="always")
+def _load_part(arr, idx, n):  # noqa: ANN001, ANN202
+    if isinstance(arr, types.Array) and arr.dtype == types.uint16:
+        return lambda arr, idx, n: _load_halves_part(arr, idx, n)
+    return lambda arr, idx, n: _load_floats_part(arr, idx, n)
+
+
+def _added(builder, x, y, lanes: list[int], step: int):  # noqa: ANN001, ANN202
+    """Lanes ``lanes`` of x:y (x's then y's, as ``shufflevector`` numbers them) plus the lanes
+    ``step`` after each: one step of a sum's tree."""
+    def pick(idx: list[int]):  # noqa: ANN202
+        return builder.shuffle_vector(x, y, ir.Constant(ir.VectorType(_I32, len(idx)), idx))
+    return builder.fadd(pick(lanes), pick([i + step for i in lanes]))
+
+
+@intrinsic
+def sum_lanes(typingctx, v):  # noqa: ANN001, ANN201
+    """The sum of ``v``'s 16 lanes, by halves (lane i plus lane i + 8, then + 4, + 2, + 1): a fixed
+    order, the same bits in every caller."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        x, n = args[0], LANES
+        while n > 1:
+            n //= 2
+            x = _added(builder, x, x, list(range(n)), n)
+        return builder.extract_element(x, ir.Constant(_I32, 0))
+    return types.float32(v), codegen
+
+
+@intrinsic
+def sum_lanes4(typingctx, a, b, c, d):  # noqa: ANN001, ANN201
+    """``sum_lanes`` of four vectors, each added in ``sum_lanes``'s order (so a sum's bits do not
+    depend on the others), by a transposing tree: 9 additions and their shuffles, not 16."""
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        a, b, c, d = args
+        halves = [*range(8), *range(16, 24)]  # a's 8 sums then b's (the lanes 8 on: + 8)
+        x, y = _added(builder, a, b, halves, 8), _added(builder, c, d, halves, 8)
+        z = _added(builder, x, y, [q + i for q in range(0, 32, 8) for i in range(4)], 4)  # 4 each
+        z = _added(builder, z, z, [q + i for q in range(0, 16, 4) for i in range(2)], 2)  # 2 each
+        z = _added(builder, z, z, [0, 2, 4, 6], 1)
+        parts = [builder.extract_element(z, ir.Constant(_I32, i)) for i in range(4)]
+        return context.make_tuple(builder, sig.return_type, parts)
+    return types.UniTuple(types.float32, 4)(a, b, c, d), codegen
