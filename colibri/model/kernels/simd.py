@@ -273,6 +273,7 @@ def dpbusd(typingctx, acc, u8, s8):  # noqa: ANN001, ANN201
 add_int = _lanewise(i32x16, lambda builder, a, b: builder.add(a, b))
 to_float = _lanewise(f32x16, lambda builder, a: builder.sitofp(a, _VF))
 mul_float = _lanewise(f32x16, lambda builder, a, b: builder.fmul(a, b))
+add_float = _lanewise(f32x16, lambda builder, a, b: builder.fadd(a, b))
 
 
 @intrinsic
