@@ -93,6 +93,12 @@ LEVELS = 2
 # products that bound a MoE prompt (see above).
 EXPERT_LEVELS = 1
 assert EXPERT_LEVELS in (1, 2) and LEVELS == 2
+# Runs of the experts' work items (``int8_matmul_slots``): numba's threads take equal shares of
+# them in order, so any thread count up to a few dozen gets shares within a run of even.
+RUNS = 64
+# An item's cost beyond its rows, in rows: reading its group's weights, which bounds a decode
+# row's item (one row: the weights' bytes are the work).
+ITEM_COST = 4
 
 
 @nb.njit(**KERNEL)
@@ -399,6 +405,29 @@ def quantize_rows(x: np.ndarray, per: int, levels: int) -> tuple[np.ndarray, np.
     return xq, dx, sx
 
 
+@nb.njit(**KERNEL)
+def _runs(starts: np.ndarray, n_groups: int) -> np.ndarray:
+    """RUNS + 1 bounds that cut the items (expert i's groups, expert after expert) into runs of
+    about equal cost, an item ``ITEM_COST`` plus its expert's rows (none where it has none)."""
+    n_exp = starts.shape[0] - 1
+    total = 0
+    for i in range(n_exp):
+        rows = starts[i + 1] - starts[i]
+        total += n_groups * (rows + ITEM_COST) if rows > 0 else 0
+    bounds = np.full(RUNS + 1, n_exp * n_groups, np.int64)
+    bounds[0] = 0
+    r, done = 1, 0
+    for i in range(n_exp):
+        rows = starts[i + 1] - starts[i]
+        cost = rows + ITEM_COST if rows > 0 else 0
+        for g in range(n_groups):
+            done += cost
+            while r < RUNS and done * RUNS >= r * total:
+                bounds[r] = i * n_groups + g + 1
+                r += 1
+    return bounds
+
+
 @nb.njit(parallel=True, **KERNEL)
 def int8_matmul_slots(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, w: Weight, n_slots: int,
                       slots: np.ndarray, starts: np.ndarray, out: np.ndarray) -> None:
@@ -406,21 +435,24 @@ def int8_matmul_slots(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, w: Weight,
     rows ``x`` given quantized (``quantize_rows``): a step's experts, each on the rows routed to
     it, in one parallel region whose work item is a group of one expert's rows. Expert by expert,
     a decode token's top-k made 2k regions a layer, each a barrier of two threads over a ~1 MB
-    matrix. The items go group-major: the threads take equal runs of items, so each takes the same
-    share of every expert's groups whatever the routing; expert-major, one thread took the busiest
-    experts of a prompt's skewed routing (15% slower on a real prefill's gate/up products). The
-    rows are at ``EXPERT_LEVELS``; a row's result takes the same steps whatever the other rows and
-    experts."""
+    matrix. The items go expert-major, cut into RUNS runs of equal cost (``_runs``) that the
+    threads take in order: each thread reads its experts' weights front to back, and the threads'
+    shares are even whatever the routing's skew. Expert-major in equal runs of items, one thread
+    took the busiest experts of a prompt's skewed routing (group-major items then were 15% faster
+    on a real prefill's gate/up products); group-major, each thread jumped to another expert's
+    weights every group, and decode rows ran 20-25% slower (docs/performance.md). The rows are at
+    ``EXPERT_LEVELS``; a row's result takes the same steps whatever the other rows and experts."""
     assert xq.shape[1] == EXPERT_LEVELS  # the loops below are compiled for that many
     n_groups = w.q.shape[0] // n_slots
-    n_exp = slots.shape[0]
-    for item in nb.prange(n_exp * n_groups):
-        g = item // n_exp
-        i = item - g * n_exp
-        a, b = starts[i], starts[i + 1]
-        if b > a:
-            v = slot(w, slots[i], n_slots)
-            if v.dh.size:
-                _group(v, g, xq[a:b], dx[a:b], sx[a:b], out[a:b], v.dh, v.mh, EXPERT_LEVELS == 2)
-            else:
-                _group(v, g, xq[a:b], dx[a:b], sx[a:b], out[a:b], v.d, v.m, EXPERT_LEVELS == 2)
+    bounds = _runs(starts, n_groups)
+    for run in nb.prange(RUNS):
+        for item in range(bounds[run], bounds[run + 1]):
+            i = item // n_groups
+            g = item - i * n_groups
+            a, b = starts[i], starts[i + 1]
+            if b > a:
+                v = slot(w, slots[i], n_slots)
+                if v.dh.size:
+                    _group(v, g, xq[a:b], dx[a:b], sx[a:b], out[a:b], v.dh, v.mh, EXPERT_LEVELS == 2)
+                else:
+                    _group(v, g, xq[a:b], dx[a:b], sx[a:b], out[a:b], v.d, v.m, EXPERT_LEVELS == 2)
