@@ -1,5 +1,6 @@
 """colibri: a Python inference engine for large language models, Mixture-of-Experts first."""
 
+import ctypes
 import hashlib
 import os
 from pathlib import Path
@@ -29,6 +30,32 @@ ENV_DEFAULTS = {
 ENV_SET = tuple(name for name in ENV_DEFAULTS if name not in os.environ)
 for _name, _value in ENV_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
+
+# glibc's malloc gives freed memory back: a block above its mmap threshold (128 KB, rising with the
+# blocks freed) is unmapped when freed, and the heap's free top is trimmed. A forward step
+# allocates and frees the same few-MB temporaries every step (a MoE layer's expert rows: ~15 MB at
+# 128 prompt rows), so every step faulted them in again: a 512-token qwen3moe prefill spent ~0.5 s
+# of 3.1 there, and decode 8% (docs/performance.md). Below MALLOC_MMAP_THRESHOLD every block comes
+# from the heap, which keeps its high-water mark (the peak is the same; what the step frees stays
+# the process's, for the next step). The environment's own MALLOC_*_ settings win.
+MALLOC_MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value
+MALLOC_TRIM_THRESHOLD = 1 << 30
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
+
+
+def _keep_freed_memory() -> None:
+    if any(name.startswith("MALLOC_") for name in os.environ):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return  # not glibc: its allocator's own policy
+    if hasattr(libc, "mallopt"):
+        libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)
+        libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)
+
+
+_keep_freed_memory()
 
 
 def _numba_cache_dir() -> str:
