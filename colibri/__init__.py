@@ -41,10 +41,13 @@ for _name, _value in ENV_DEFAULTS.items():
 MALLOC_MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value
 MALLOC_TRIM_THRESHOLD = 1 << 30
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
+# The variables by which a user sets these two thresholds; glibc's other MALLOC_* settings (a
+# checking level, arena counts) are no reason to leave them at glibc's defaults.
+_MALLOC_OWN_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 def _keep_freed_memory() -> None:
-    if any(name.startswith("MALLOC_") for name in os.environ):
+    if any(name in os.environ for name in _MALLOC_OWN_SETTINGS):
         return
     try:
         libc = ctypes.CDLL("libc.so.6")

@@ -410,18 +410,17 @@ def _runs(starts: np.ndarray, n_groups: int) -> np.ndarray:
     """RUNS + 1 bounds that cut the items (expert i's groups, expert after expert) into runs of
     about equal cost, an item ``ITEM_COST`` plus its expert's rows (none where it has none)."""
     n_exp = starts.shape[0] - 1
-    total = 0
+    cost = np.zeros(n_exp, np.int64)  # of one of expert i's items
     for i in range(n_exp):
         rows = starts[i + 1] - starts[i]
-        total += n_groups * (rows + ITEM_COST) if rows > 0 else 0
+        cost[i] = rows + ITEM_COST if rows > 0 else 0
+    total = n_groups * cost.sum()
     bounds = np.full(RUNS + 1, n_exp * n_groups, np.int64)
     bounds[0] = 0
     r, done = 1, 0
     for i in range(n_exp):
-        rows = starts[i + 1] - starts[i]
-        cost = rows + ITEM_COST if rows > 0 else 0
         for g in range(n_groups):
-            done += cost
+            done += cost[i]
             while r < RUNS and done * RUNS >= r * total:
                 bounds[r] = i * n_groups + g + 1
                 r += 1

@@ -118,6 +118,11 @@ def _load_widened(arr, idx):  # noqa: ANN001, ANN202
     return lambda arr, idx: load_floats(arr, idx)
 
 
+def _first_lanes(builder, count):  # noqa: ANN001, ANN202
+    """The mask of lanes below ``count`` (an i32): a masked load's or store's first lanes."""
+    return builder.icmp_signed("<", ir.Constant(_VI, list(range(LANES))), _splat(builder, count, _VI))
+
+
 @intrinsic
 def store_floats(typingctx, arr, row, col, v, n):  # noqa: ANN001, ANN201
     """The first ``n`` lanes of ``v`` into ``arr[row, col:]`` (a 2-D float32 array whose rows
@@ -133,8 +138,7 @@ def store_floats(typingctx, arr, row, col, v, n):  # noqa: ANN001, ANN201
                context.cast(builder, col_v, sig.args[2], types.intp)]
         item = cgutils.get_item_pointer(context, builder, sig.args[0], ary, idx)
         ptr = builder.bitcast(item, _VF.as_pointer())
-        count32 = context.cast(builder, count, sig.args[4], types.int32)
-        mask = builder.icmp_signed("<", ir.Constant(_VI, list(range(LANES))), _splat(builder, count32, _VI))
+        mask = _first_lanes(builder, context.cast(builder, count, sig.args[4], types.int32))
         fnty = ir.FunctionType(ir.VoidType(), [_VF, ptr.type, _I32, mask.type])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.masked.store.v16f32.p0")
         builder.call(fn, [vec, ptr, ir.Constant(_I32, 4), mask])
@@ -301,8 +305,7 @@ def _masked_load(elem: ir.Type, align: int):  # noqa: ANN202
 
         def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
             ptr = _address(context, builder, sig.args[0], args[0], args[1], vty)
-            count = context.cast(builder, args[2], sig.args[2], types.int32)
-            mask = builder.icmp_signed("<", ir.Constant(_VI, list(range(LANES))), _splat(builder, count, _VI))
+            mask = _first_lanes(builder, context.cast(builder, args[2], sig.args[2], types.int32))
             suffix = "v16f16" if elem == ir.HalfType() else "v16f32"
             fnty = ir.FunctionType(vty, [ptr.type, _I32, mask.type, vty])
             fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.masked.load.{suffix}.p0")
