@@ -291,9 +291,12 @@ def test_route_matches_reference(rule):
     assert np.array_equal(ids, ref_ids)
     np.testing.assert_allclose(weights, ref_w, rtol=1e-5, atol=1e-6)
 
-    experts, starts, rows_of, ranks = by_expert(ids, n_expert)
+    experts, starts, rows_of, pair = by_expert(ids, n_expert)
     assert list(experts) == sorted(set(ids.ravel().tolist()))
+    assert sorted(pair.ravel().tolist()) == list(range(ids.size))  # every pair once
     for i, e in enumerate(experts):
-        pairs = list(zip(rows_of[starts[i] : starts[i + 1]], ranks[starts[i] : starts[i + 1]], strict=True))
-        assert pairs == sorted(pairs) and all(ids[t, r] == e for t, r in pairs)
+        span = range(starts[i], starts[i + 1])
+        assert list(rows_of[span.start : span.stop]) == sorted(rows_of[span.start : span.stop])
+        for t, r in zip(*np.nonzero(ids == e), strict=True):
+            assert pair[t, r] in span and rows_of[pair[t, r]] == t
     assert starts[-1] == ids.size

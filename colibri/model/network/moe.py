@@ -13,10 +13,10 @@ experts and sums their outputs, weighted. The gating styles (see ``docs/architec
 
 Batched routing: in a step, each distinct expert is fetched from the ``ExpertStore`` once and
 applied once, to all the rows routed to it (gathered, decode rows first so the sub-batch takes the
-same decode/prompt split as the step; see ``qmatmul``). Each (row, rank) output lands in its own
-slot, and a row's outputs are summed in the row's own top-k rank order afterwards: the rounding of
-the sum depends on the row alone, never on which other rows are in the step or in what order the
-experts ran.
+same decode/prompt split as the step; see ``qmatmul``). Each (row, rank) pair's output lands in its
+own row of the pairs' outputs, and a row's outputs are summed in the row's own top-k rank order
+afterwards: the rounding of the sum depends on the row alone, never on which other rows are in the
+step or in what order the experts ran.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numba as nb
 import numpy as np
 
 from colibri.model.hparams import HParams
-from colibri.model.kernels.int8_matmul import EXPERT_LEVELS, int8_matmul_slots, quantize_rows
+from colibri.model.kernels.int8_matmul import EXPERT_LEVELS, int8_matmul_slots, quantize_row, quantize_rows
 from colibri.model.kernels.ops import add_into, swiglu
 from colibri.model.network.layers import FFN, load_ffn, swiglu_ffn
 from colibri.model.network.weights import load_matrix, optional_vector
@@ -172,8 +172,9 @@ def route_rows(h: np.ndarray, router: np.ndarray, bias: np.ndarray, rule: Routin
 @nb.njit(**_JIT)
 def by_expert(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Group the (row, rank) pairs by expert: ``experts`` (the distinct ones, ascending), and for
-    the i-th, its pairs ``rows[starts[i]:starts[i+1]]``, ``ranks[...]``, rows ascending (so the
-    step's decode rows, which come first, come first in every expert's sub-batch)."""
+    the i-th, its pairs ``starts[i]:starts[i+1]``, their rows ``rows[...]`` ascending (so the
+    step's decode rows, which come first, come first in every expert's sub-batch); ``pair[t, r]``
+    is the pair of row t's rank r."""
     t_rows, k = ids.shape
     count = np.zeros(n_expert + 1, np.int64)
     for t in range(t_rows):
@@ -195,14 +196,14 @@ def by_expert(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, n
     starts[n_distinct] = t_rows * k
     fill = count[:n_expert].copy()
     rows = np.empty(t_rows * k, np.int64)
-    ranks = np.empty(t_rows * k, np.int64)
+    pair = np.empty((t_rows, k), np.int64)
     for t in range(t_rows):
         for r in range(k):
             e = ids[t, r]
             rows[fill[e]] = t
-            ranks[fill[e]] = r
+            pair[t, r] = fill[e]
             fill[e] += 1
-    return experts, starts, rows, ranks
+    return experts, starts, rows, pair
 
 
 # -- applying experts ------------------------------------------------------------------------------
@@ -238,31 +239,44 @@ def _quantized_pairs(h: np.ndarray, d_rows: np.ndarray, per: int) -> tuple[np.nd
     return _gather(xq, pair_u), _gather(dx, pair_u), _gather(sx, pair_u)
 
 
+@nb.njit(parallel=True, **_JIT)
+def _swiglu_quantized(gu: np.ndarray, n_ff: int, per: int) -> tuple[np.ndarray, ...]:
+    """``quantize_rows(swiglu(gate, up), per, EXPERT_LEVELS)`` of rows ``[gate | up]``, the gate
+    halves overwritten: both steps a row at a time in one parallel region (serial, the SwiGLU of a
+    prompt's pairs took 0.11 s of a 2.5 s qwen3moe prefill)."""
+    t_rows = gu.shape[0]
+    xq = np.empty((t_rows, EXPERT_LEVELS, n_ff), np.int8)
+    dx = np.empty((t_rows, EXPERT_LEVELS, n_ff // per), np.float32)
+    sx = np.empty((t_rows, EXPERT_LEVELS, n_ff // per), np.int32)
+    for t in nb.prange(t_rows):
+        row = gu[t : t + 1]
+        swiglu(row[:, :n_ff], row[:, n_ff:])
+        quantize_row(gu[t, :n_ff], per, xq[t], dx[t], sx[t])
+    return xq, dx, sx
+
+
 @nb.njit(**_JIT)
 def _int8_experts(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, pool: ExpertWeights, n_slots: int,
-                  slots: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Expert i's SwiGLU FFN on rows ``starts[i]:starts[i + 1]``, given quantized (``EXPERT_LEVELS``):
-    ``int8_matmul_slots`` for both matrices, every expert in one parallel region each."""
+                  slots: np.ndarray, starts: np.ndarray, y: np.ndarray) -> None:
+    """Expert i's SwiGLU FFN on rows ``starts[i]:starts[i + 1]`` into ``y``'s, given quantized
+    (``EXPERT_LEVELS``): ``int8_matmul_slots`` for both matrices, every expert in one parallel
+    region each."""
     up, down = pool.gate_up, pool.down
     n_ff = up.n_rows // n_slots // 2
     gu = np.empty((xq.shape[0], 2 * n_ff), np.float32)
     int8_matmul_slots(xq, dx, sx, up, n_slots, slots, starts, gu)
-    gate = np.ascontiguousarray(gu[:, :n_ff])
-    swiglu(gate, gu[:, n_ff:])
-    xq, dx, sx = quantize_rows(gate, n_ff // down.q.shape[1], EXPERT_LEVELS)
-    y = np.empty((xq.shape[0], down.n_rows // n_slots), np.float32)
+    xq, dx, sx = _swiglu_quantized(gu, n_ff, n_ff // down.q.shape[1])
     int8_matmul_slots(xq, dx, sx, down, n_slots, slots, starts, y)
-    return y
 
 
 @nb.njit(**_JIT)
 def apply_experts(
     h: np.ndarray, n_direct: int, pool: ExpertWeights, n_slots: int, slots: np.ndarray,
-    starts: np.ndarray, rows: np.ndarray, ranks: np.ndarray, out: np.ndarray,
+    starts: np.ndarray, rows: np.ndarray, y: np.ndarray,
 ) -> None:
     """Expert i, slot ``slots[i]`` of the ``n_slots`` stacked in ``pool`` (``packed.slot``; an
-    expert alone is slot 0 of 1), on its rows: ``out[rows[j], ranks[j]] = expert_i(h[rows[j]])``
-    for j in ``starts[i]:starts[i + 1]``. Packed Q4/Q5/Q6/Q8 experts take every pair at once,
+    expert alone is slot 0 of 1), on its pairs: ``y[j] = expert_i(h[rows[j]])`` for j in
+    ``starts[i]:starts[i + 1]``. Packed Q4/Q5/Q6/Q8 experts take every pair at once,
     decode and prompt rows alike, one parallel region per matrix for all the experts
     (``_int8_experts``; ``int8_matmul_slots`` splits each expert's groups evenly between the
     threads): expert by expert, a prompt's experts took four regions each, and the whole was 7-8%
@@ -273,9 +287,7 @@ def apply_experts(
         lo, hi = starts[0], starts[-1]
         per = h.shape[1] // pool.gate_up.q.shape[1]  # values per weight block: 32, or Q6's 16
         xq, dx, sx = _quantized_pairs(h, rows[lo:hi], per)
-        y = _int8_experts(xq, dx, sx, pool, n_slots, slots, starts - lo)
-        for j in range(lo, hi):
-            out[rows[j], ranks[j]] = y[j - lo]
+        _int8_experts(xq, dx, sx, pool, n_slots, slots, starts - lo, y[lo:hi])
         return
     for i in range(slots.shape[0]):
         a, b = starts[i], starts[i + 1]
@@ -286,22 +298,27 @@ def apply_experts(
             if rows[j] < n_direct:
                 sub_direct += 1
         w = slot(pool.gate_up, slots[i], n_slots), slot(pool.down, slots[i], n_slots)
-        y = np.empty((b - a, out.shape[2]), np.float32)
-        swiglu_ffn(_gather(h, rows[a:b]), w[0], w[1], sub_direct, y)
-        for j in range(a, b):
-            out[rows[j], ranks[j]] = y[j - a]
+        swiglu_ffn(_gather(h, rows[a:b]), w[0], w[1], sub_direct, y[a:b])
 
 
 @nb.njit(**_JIT)
-def combine(expert_out: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
-    """``out[t] = sum_r weights[t, r] * expert_out[t, r]``, summed in rank order."""
-    t_rows, k, n = expert_out.shape
-    for t in range(t_rows):
-        for i in range(n):
-            acc = weights[t, 0] * expert_out[t, 0, i]
-            for r in range(1, k):
-                acc += weights[t, r] * expert_out[t, r, i]
-            out[t, i] = acc
+def _combine_row(y: np.ndarray, pair: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+    for i in range(out.shape[0]):
+        acc = weights[0] * y[pair[0], i]
+        for r in range(1, pair.shape[0]):
+            acc += weights[r] * y[pair[r], i]
+        out[i] = acc
+
+
+@nb.njit(parallel=True, **_JIT)
+def combine(y: np.ndarray, pair: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+    """``out[t] = sum_r weights[t, r] * y[pair[t, r]]``, summed in rank order; a prompt's rows in
+    one parallel region (a decode row alone needs none)."""
+    if out.shape[0] == 1:
+        _combine_row(y, pair[0], weights[0], out[0])
+        return
+    for t in nb.prange(out.shape[0]):
+        _combine_row(y, pair[t], weights[t], out[t])
 
 
 @nb.njit(**_JIT)
@@ -336,11 +353,11 @@ def resident_ffn(
     ids = np.empty((t_rows, k), np.int64)
     weights = np.empty((t_rows, k), np.float32)
     route_rows(h, router, bias, rule, ids, weights)
-    experts, starts, rows, ranks = by_expert(ids, router.shape[0])
+    experts, starts, rows, pair = by_expert(ids, router.shape[0])
     note_routing(heat, hits, experts, decay)
-    expert_out = np.empty((t_rows, k, h.shape[1]), np.float32)
-    apply_experts(h, n_direct, pool, router.shape[0], experts, starts, rows, ranks, expert_out)
-    combine(expert_out, weights, out)
+    y = np.empty((t_rows * k, h.shape[1]), np.float32)
+    apply_experts(h, n_direct, pool, router.shape[0], experts, starts, rows, y)
+    combine(y, pair, weights, out)
     if shared.down.n_rows > 0:
         add_shared_expert(h, shared, shared_gate, n_direct, out)
     return experts.shape[0]
@@ -385,16 +402,16 @@ class MoEFFN:
             return out
         t_rows, k = h.shape[0], self.rule.k
         ids, weights = self.select(h)
-        experts, starts, rows, ranks = by_expert(ids, self.router.shape[0])
+        experts, starts, rows, pair = by_expert(ids, self.router.shape[0])
         self.store.note_routing(self.layer, experts)
         self.store.prefetch_next(self.layer, h)  # the next MoE layer's likely experts, read ahead
-        expert_out = np.empty((t_rows, k, h.shape[1]), np.float32)
+        y = np.empty((t_rows * k, h.shape[1]), np.float32)
         for i, e in enumerate(experts.tolist()):
             weights_e = self.store.get(self.layer, e)
             start = time.perf_counter()
-            apply_experts(h, n_direct, weights_e, 1, _SLOT_0, starts[i : i + 2], rows, ranks, expert_out)
+            apply_experts(h, n_direct, weights_e, 1, _SLOT_0, starts[i : i + 2], rows, y)
             self.store.note_compute(time.perf_counter() - start)
-        combine(expert_out, weights, out)
+        combine(y, pair, weights, out)
         if self.shared is not None:
             add_shared_expert(h, self.shared, self.shared_gate, n_direct, out)
         return out
