@@ -18,7 +18,7 @@ from colibri.model.sampling import Sampler, SamplingParams
 from colibri.store.blocks import dequantize_row
 from colibri.store.formats import GGMLType
 from colibri.store.gguf import GGUFFile
-from colibri.store.packed import KIND_Q4, KIND_Q6
+from colibri.store.packed import KIND_Q4, KIND_Q6, weight_nbytes
 
 LAYERS = 8
 SHAPE = dict(n_layers=LAYERS, n_experts=8, n_used=2, n_embd=256, n_ff=256, n_vocab=512, n_heads=4,
@@ -63,6 +63,22 @@ def test_the_file_is_llama_cpps_q4_k_m_mix(kquant_file, arch):
     if arch == "glm4moe":
         assert g.get("glm4moe.rope.dimension_count") == SHAPE["head_dim"] // 2
         assert g.get("glm4moe.expert_gating_func") == 2  # sigmoid
+
+
+def test_a_wider_v_is_kept_apart_from_q_and_k(kquant_file):
+    """The mix's Q6_K attn_v beside Q4_K q and k would pack all three to Q8 of 16-value blocks
+    (1.5x the file's bytes, read every token): those layers keep v apart in Q6 lanes, q and k one
+    Q4 stack; a Q4_K v stays in the one stack."""
+    g, model = GGUFFile(kquant_file), Model(kquant_file)
+    for i, a in enumerate(model.decoder.attn):
+        wide = g.tensors[f"blk.{i}.attn_v.weight"].gtype == GGMLType.Q6_K
+        assert a.wqkv.kind == KIND_Q4
+        if wide:
+            assert a.wv.kind == KIND_Q6 and a.wv.n_rows == SHAPE["n_kv_heads"] * SHAPE["head_dim"]
+        else:
+            assert a.wv.n_rows == 0
+        file_bytes = sum(g.tensors[f"blk.{i}.attn_{x}.weight"].nbytes for x in "qkv")
+        assert weight_nbytes(a.wqkv) + weight_nbytes(a.wv) <= 1.1 * file_bytes
 
 
 def _values(g: GGUFFile, name: str, expert: int = 0) -> np.ndarray:

@@ -19,7 +19,13 @@ from colibri.model.hparams import HParams
 from colibri.model.kernels.attention import attend, store_kv
 from colibri.model.kernels.ops import add_bias, add_into, rmsnorm, rmsnorm_heads, rope, swiglu
 from colibri.model.kernels.quant_matmul import qmatmul
-from colibri.model.network.weights import load_vector, load_weight, optional_vector, stacked_bias
+from colibri.model.network.weights import (
+    load_stack_or_apart,
+    load_vector,
+    load_weight,
+    optional_vector,
+    stacked_bias,
+)
 from colibri.store.gguf import GGUFFile
 from colibri.store.packed import SwiGLUWeights, Weight
 
@@ -31,7 +37,8 @@ class Attention(NamedTuple):
     every variant, so numba compiles ``attention`` once)."""
 
     norm: np.ndarray  # RMSNorm before attention
-    wqkv: Weight  # q, k and v stacked by rows: one matmul
+    wqkv: Weight  # q, k and v stacked by rows: one matmul; or q and k, where v is apart
+    wv: Weight  # v where its format would widen the stack (``load_stack_or_apart``); else empty
     bqkv: np.ndarray  # their biases, stacked (qwen2moe, glm4moe); empty: none
     q_norm: np.ndarray  # per-head RMSNorm of q and k before RoPE (qwen3moe, glm4moe); empty: none
     k_norm: np.ndarray
@@ -52,9 +59,11 @@ def load_attention(gguf: GGUFFile, i: int, hp: HParams) -> Attention:
     """Layer i's attention with llama.cpp's tensor names; biases and q/k norms when present."""
     p = f"blk.{i}."
     q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
+    wqkv, wv = load_stack_or_apart(gguf, *(p + f"attn_{x}.weight" for x in "qkv"))
     return Attention(
         norm=load_vector(gguf, p + "attn_norm.weight"),
-        wqkv=load_weight(gguf, *(p + f"attn_{x}.weight" for x in "qkv")),
+        wqkv=wqkv,
+        wv=wv,
         bqkv=stacked_bias(gguf, [p + f"attn_{x}.bias" for x in "qkv"], [q_dim, kv_dim, kv_dim]),
         q_norm=optional_vector(gguf, p + "attn_q_norm.weight"),
         k_norm=optional_vector(gguf, p + "attn_k_norm.weight"),
@@ -74,7 +83,14 @@ def attention(
     q_dim, kv_dim = sh.n_heads * sh.head_dim, sh.n_kv * sh.head_dim
     rmsnorm(x, a.norm, sh.eps, h)
     qkv = np.empty((t_rows, q_dim + 2 * kv_dim), np.float32)
-    qmatmul(h, a.wqkv, qkv, n_direct)
+    if a.wv.n_rows > 0:  # v apart: two matmuls into contiguous rows (the kernels' one layout)
+        qk, v_apart = np.empty((t_rows, q_dim + kv_dim), np.float32), np.empty((t_rows, kv_dim), np.float32)
+        qmatmul(h, a.wqkv, qk, n_direct)
+        qmatmul(h, a.wv, v_apart, n_direct)
+        qkv[:, : q_dim + kv_dim] = qk
+        qkv[:, q_dim + kv_dim :] = v_apart
+    else:
+        qmatmul(h, a.wqkv, qkv, n_direct)
     if a.bqkv.shape[0] > 0:
         add_bias(qkv, a.bqkv)
     q = np.ascontiguousarray(qkv[:, :q_dim])

@@ -8,7 +8,7 @@ import numpy as np
 from colibri.store.arena import Arena
 from colibri.store.blocks import dequantize_row
 from colibri.store.gguf import GGUFFile
-from colibri.store.packed import KIND_BLOCKS, Weight, make_weight
+from colibri.store.packed import EMPTY_WEIGHT, KIND_BLOCKS, Weight, make_weight, packed_nbytes
 
 _EMPTY = np.zeros(0, np.float32)
 # The packed matrices of every model this process loads: they live as long as their model, in
@@ -25,6 +25,19 @@ def load_weight(gguf: GGUFFile, *names: str) -> Weight:
         for name in names:
             gguf.release(name)
     return weight
+
+
+def load_stack_or_apart(gguf: GGUFFile, *names: str) -> tuple[Weight, Weight]:
+    """``names`` stacked as one matrix, one matmul (and ``EMPTY_WEIGHT``); or, where the last
+    one's format would widen the stack's packing, the others stacked and the last apart. A
+    ``_K_M`` file's Q6_K ``attn_v`` beside Q4_K ``attn_q`` and ``attn_k`` made all three Q8 of
+    16-value blocks: 1.5x the bytes each token reads (65 MB of qwen3moe's 44 a token)."""
+    infos = [gguf.require_supported(n) for n in names]
+    parts = [(int(i.shape[1]), int(i.gtype)) if len(i.shape) > 1 else (1, int(i.gtype)) for i in infos]
+    n_cols = int(infos[0].shape[0])
+    if packed_nbytes(parts, n_cols) <= packed_nbytes(parts[:-1], n_cols) + packed_nbytes(parts[-1:], n_cols):
+        return load_weight(gguf, *names), EMPTY_WEIGHT
+    return load_weight(gguf, *names[:-1]), load_weight(gguf, names[-1])
 
 
 def load_vector(gguf: GGUFFile, name: str) -> np.ndarray:
