@@ -51,8 +51,9 @@ class Config:
 class Weights:
     """A GGUF file's metadata and tensors, dequantized to float64 by the ``gguf`` package whenever
     asked for (nothing is kept: a real model does not fit in memory as float64). ``expert_levels``:
-    round the routed experts' inputs to that many 8-bit levels per 32 values first, as a quantized
-    file's experts in the engine are (``rounded``); 0, the default, leaves them exact."""
+    round the experts' inputs (routed and shared) to that many 8-bit levels per 32 values first,
+    as a quantized file's experts in the engine are (``rounded``); 0, the default, leaves them
+    exact."""
 
     def __init__(self, path: Path | str, expert_levels: int = 0) -> None:
         self.expert_levels = expert_levels
@@ -176,8 +177,10 @@ def swiglu(h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, le
 
 
 def dense_ffn(w: Weights, prefix: str, h: np.ndarray, suffix: str = "") -> np.ndarray:
-    """A layer's SwiGLU (``suffix`` ""), or its shared expert (``suffix`` "_shexp")."""
-    return swiglu(h, *(w[f"{prefix}ffn_{m}{suffix}.weight"] for m in ("gate", "up", "down")))
+    """A layer's SwiGLU (``suffix`` ""), or its shared expert (``suffix`` "_shexp", its inputs
+    ``rounded`` to ``w.expert_levels`` as the routed experts' are)."""
+    levels = w.expert_levels if suffix else 0
+    return swiglu(h, *(w[f"{prefix}ffn_{m}{suffix}.weight"] for m in ("gate", "up", "down")), levels)
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:

@@ -324,9 +324,15 @@ def combine(y: np.ndarray, pair: np.ndarray, weights: np.ndarray, out: np.ndarra
 @nb.njit(**_JIT)
 def add_shared_expert(h: np.ndarray, f: FFN, gate: np.ndarray, n_direct: int, out: np.ndarray) -> None:
     """``out += g * shared(h)``, with ``g = sigmoid(gate · h)`` per row when ``gate`` is not empty
-    (qwen2moe), 1 otherwise (glm4moe)."""
+    (qwen2moe), 1 otherwise (glm4moe). Packed, it is computed as the routed experts are, at their
+    one level (an expert on every row: a dense FFN's two levels made glm4moe's shared expert a
+    quarter of its routed experts' dot products, for an eighth of their weights)."""
     y = np.empty_like(out)
-    swiglu_ffn(h, f.gate_up, f.down, n_direct, y)
+    if f.gate_up.kind in _INT8_KINDS and f.down.kind in _INT8_KINDS:
+        xq, dx, sx = quantize_rows(h, h.shape[1] // f.gate_up.q.shape[1], EXPERT_LEVELS)
+        _int8_experts(xq, dx, sx, f, 1, _SLOT_0, np.array([0, h.shape[0]], np.int64), y)
+    else:
+        swiglu_ffn(h, f.gate_up, f.down, n_direct, y)
     if gate.shape[0] > 0:
         for t in range(h.shape[0]):
             z = np.float32(0.0)
