@@ -262,8 +262,9 @@ def print_table(results: list[tuple[str, dict]], file_bytes: int) -> None:
         ratio = c["tok_s"] / p["tok_s"] if p["tok_s"] else float("inf")
         note = f"  (llama.cpp: {best}" + (f", {p['oom']} OOM" if p["oom"] else "") + ")" if ran else ""
         peer = f"{p['tok_s'] or 0:11.2f}{ratio:7.2f}x" if ran else f"{'-':>11}{'-':>8}"
+        rss_share = f"  [colibri's RSS {c['rss'] / file_bytes:.3f}x the file]" if c["rss"] else ""
         print(f"{case:<30}{c['tok_s']:9.2f}{peer}   "
-              f"{gb(c['cg_peak'])} / {gb(c['rss'])}, {gb(p['cg_peak'])} / {gb(p['rss'])}{note}")
+              f"{gb(c['cg_peak'])} / {gb(c['rss'])}, {gb(p['cg_peak'])} / {gb(p['rss'])}{note}{rss_share}")
         for w in peers:
             if w != best:
                 print(f"{'':<30}{'':>9}{r[w]['tok_s']:11.2f}  ({w})")
