@@ -44,10 +44,13 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 # The variables by which a user sets these two thresholds; glibc's other MALLOC_* settings (a
 # checking level, arena counts) are no reason to leave them at glibc's defaults.
 _MALLOC_OWN_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+_TUNABLES = ("mmap_threshold", "trim_threshold")  # the same two as GLIBC_TUNABLES glibc.malloc.*
 
 
 def _keep_freed_memory() -> None:
     if any(name in os.environ for name in _MALLOC_OWN_SETTINGS):
+        return
+    if any(f"malloc.{name}" in os.environ.get("GLIBC_TUNABLES", "") for name in _TUNABLES):
         return
     try:
         libc = ctypes.CDLL("libc.so.6")

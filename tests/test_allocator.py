@@ -43,3 +43,7 @@ def test_other_malloc_settings_keep_the_heap() -> None:
 
 def test_the_users_threshold_wins() -> None:
     assert _where(MALLOC_MMAP_THRESHOLD_=str(128 << 10)) == "mapping"
+
+
+def test_the_users_tunable_wins() -> None:
+    assert _where(GLIBC_TUNABLES=f"glibc.malloc.mmap_threshold={128 << 10}") == "mapping"

@@ -48,6 +48,18 @@ _JIT_FAST = dict(nogil=True, cache=True, fastmath=True)
 _INT8_KINDS = (KIND_Q4, KIND_Q5, KIND_Q6, KIND_Q8)
 
 
+@nb.njit(**_JIT)
+def _int8_ffn(f: FFN) -> bool:
+    """Whether both matrices of a SwiGLU FFN take integer dot products."""
+    return f.gate_up.kind in _INT8_KINDS and f.down.kind in _INT8_KINDS
+
+
+@nb.njit(**_JIT)
+def _block_values(f: FFN, h: np.ndarray) -> int:
+    """Values per weight block of ``f``'s gate/up, which its rows are quantized by: 32, or Q6's 16."""
+    return h.shape[1] // f.gate_up.q.shape[1]
+
+
 class Routing(NamedTuple):
     """How a layer's router turns scores into (expert, weight) pairs."""
 
@@ -248,11 +260,20 @@ def _swiglu_quantized(gu: np.ndarray, n_ff: int, per: int) -> tuple[np.ndarray, 
     xq = np.empty((t_rows, EXPERT_LEVELS, n_ff), np.int8)
     dx = np.empty((t_rows, EXPERT_LEVELS, n_ff // per), np.float32)
     sx = np.empty((t_rows, EXPERT_LEVELS, n_ff // per), np.int32)
-    for t in nb.prange(t_rows):
-        row = gu[t : t + 1]
-        swiglu(row[:, :n_ff], row[:, n_ff:])
-        quantize_row(gu[t, :n_ff], per, xq[t], dx[t], sx[t])
+    if t_rows == 1:  # no parallel region for one row (an expert applied alone to a decode row)
+        _swiglu_quantized_row(gu, 0, n_ff, per, xq, dx, sx)
+    else:
+        for t in nb.prange(t_rows):
+            _swiglu_quantized_row(gu, t, n_ff, per, xq, dx, sx)
     return xq, dx, sx
+
+
+@nb.njit(**_JIT)
+def _swiglu_quantized_row(gu: np.ndarray, t: int, n_ff: int, per: int, xq: np.ndarray, dx: np.ndarray,
+                          sx: np.ndarray) -> None:
+    row = gu[t : t + 1]
+    swiglu(row[:, :n_ff], row[:, n_ff:])
+    quantize_row(gu[t, :n_ff], per, xq[t], dx[t], sx[t])
 
 
 @nb.njit(**_JIT)
@@ -283,10 +304,9 @@ def apply_experts(
     slower on a real prefill's skewed routing (docs/performance.md). The other kinds go expert by
     expert through ``swiglu_ffn``, as in a dense layer (rows ascending: decode rows, those below
     ``n_direct``, first)."""
-    if pool.gate_up.kind in _INT8_KINDS and pool.down.kind in _INT8_KINDS:
+    if _int8_ffn(pool):
         lo, hi = starts[0], starts[-1]
-        per = h.shape[1] // pool.gate_up.q.shape[1]  # values per weight block: 32, or Q6's 16
-        xq, dx, sx = _quantized_pairs(h, rows[lo:hi], per)
+        xq, dx, sx = _quantized_pairs(h, rows[lo:hi], _block_values(pool, h))
         _int8_experts(xq, dx, sx, pool, n_slots, slots, starts - lo, y[lo:hi])
         return
     for i in range(slots.shape[0]):
@@ -324,12 +344,12 @@ def combine(y: np.ndarray, pair: np.ndarray, weights: np.ndarray, out: np.ndarra
 @nb.njit(**_JIT)
 def add_shared_expert(h: np.ndarray, f: FFN, gate: np.ndarray, n_direct: int, out: np.ndarray) -> None:
     """``out += g * shared(h)``, with ``g = sigmoid(gate · h)`` per row when ``gate`` is not empty
-    (qwen2moe), 1 otherwise (glm4moe). Packed, it is computed as the routed experts are, at their
-    one level (an expert on every row: a dense FFN's two levels made glm4moe's shared expert a
+    (qwen2moe), 1 otherwise (glm4moe). Packed Q4/Q5/Q6/Q8, it is computed as the routed experts
+    are, at their one level (an expert on every row: a dense FFN's two levels made glm4moe's shared expert a
     quarter of its routed experts' dot products, for an eighth of their weights)."""
     y = np.empty_like(out)
-    if f.gate_up.kind in _INT8_KINDS and f.down.kind in _INT8_KINDS:
-        xq, dx, sx = quantize_rows(h, h.shape[1] // f.gate_up.q.shape[1], EXPERT_LEVELS)
+    if _int8_ffn(f):
+        xq, dx, sx = quantize_rows(h, _block_values(f, h), EXPERT_LEVELS)
         _int8_experts(xq, dx, sx, f, 1, _SLOT_0, np.array([0, h.shape[0]], np.int64), y)
     else:
         swiglu_ffn(h, f.gate_up, f.down, n_direct, y)
