@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 
 
 def _where(**env: str) -> str:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     done = subprocess.run([sys.executable, "-c", PROBE], env={**base, **env}, capture_output=True,
                           text=True, timeout=120, check=True)
     return done.stdout.strip()

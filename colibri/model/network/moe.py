@@ -345,8 +345,8 @@ def combine(y: np.ndarray, pair: np.ndarray, weights: np.ndarray, out: np.ndarra
 def add_shared_expert(h: np.ndarray, f: FFN, gate: np.ndarray, n_direct: int, out: np.ndarray) -> None:
     """``out += g * shared(h)``, with ``g = sigmoid(gate · h)`` per row when ``gate`` is not empty
     (qwen2moe), 1 otherwise (glm4moe). Packed Q4/Q5/Q6/Q8, it is computed as the routed experts
-    are, at their one level (an expert on every row: a dense FFN's two levels made glm4moe's shared expert a
-    quarter of its routed experts' dot products, for an eighth of their weights)."""
+    are, at their one level: a dense FFN's two levels made glm4moe's shared expert (an expert on
+    every row) a quarter of its routed experts' dot products, for an eighth of their weights."""
     y = np.empty_like(out)
     if _int8_ffn(f):
         xq, dx, sx = quantize_rows(h, _block_values(f, h), EXPERT_LEVELS)
