@@ -21,12 +21,17 @@ if TYPE_CHECKING:
     from colibri.api.openai_requests import Generation
 
 
-def usage(answer: Answer) -> dict[str, int]:
-    return {
+def usage(answer: Answer) -> dict[str, Any]:
+    """OpenAI's usage; for a thinking model's reply also ``completion_tokens_details.reasoning_tokens``
+    (LangChain reads it into ``usage_metadata``)."""
+    out: dict[str, Any] = {
         "prompt_tokens": answer.prompt_tokens,
         "completion_tokens": answer.completion_tokens,
         "total_tokens": answer.prompt_tokens + answer.completion_tokens,
     }
+    if answer.thinks:
+        out["completion_tokens_details"] = {"reasoning_tokens": answer.reasoning_tokens}
+    return out
 
 
 def chat_logprobs(items: list[TokenLogprob], top_n: int) -> dict[str, Any]:
@@ -156,17 +161,34 @@ class ChatShaper(CompletionShaper):
         return chat_logprobs(tokens, self.gen.top_logprobs) if self.gen.logprobs else None
 
     def choice(self, text: str | None, logprobs: dict[str, Any] | None, finish: str | None,
-               calls: list[dict[str, Any]] | None = None, role: bool = False) -> dict[str, Any]:
+               calls: list[dict[str, Any]] | None = None, role: bool = False,
+               reasoning: str = "") -> dict[str, Any]:
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
         if text is not None:
             delta["content"] = text
         if calls:
             delta["tool_calls"] = calls
         return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
+    def delta(self, piece: Piece) -> list[bytes]:
+        """A thinking model's reasoning goes out as it comes, in ``reasoning_content`` (with tools
+        too: only the answer is held); a piece of reasoning alone has no ``content`` key."""
+        if not piece.reasoning:
+            return super().delta(piece)
+        if self.held:
+            return [sse(self.chunk(self.choice(None, None, None, reasoning=piece.reasoning)))]
+        text = piece.text or None
+        return [sse(self.chunk(self.choice(text, self.logprobs(piece.tokens), None,
+                                           reasoning=piece.reasoning)))]
+
     def whole_choice(self, answer: Answer, finish: str) -> dict[str, Any]:
-        """With tool calls, the content may be None (OpenAI's content of a message that only calls)."""
+        """With tool calls, the content may be None (OpenAI's content of a message that only calls);
+        ``reasoning_content`` only when the reply had reasoning (llama.cpp's server does the same)."""
         message: dict[str, Any] = {"role": "assistant", "content": answer.text, "refusal": None}
+        if answer.reasoning:
+            message["reasoning_content"] = answer.reasoning
         if answer.calls:
             message["tool_calls"] = answer.calls
         return {"index": 0, "message": message, "logprobs": self.logprobs(answer.tokens),

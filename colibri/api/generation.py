@@ -20,6 +20,7 @@ import trio
 from colibri.api.engine_client import EngineClient, EngineDied, Ticket
 from colibri.api.metrics import ServerMetrics
 from colibri.api.openai_requests import Generation
+from colibri.api.reasoning import ReasoningSplit
 from colibri.api.stop import StopMatcher
 from colibri.io.events import Data, Done, Error, ErrorCode, Perf, TopK
 
@@ -59,10 +60,12 @@ class TokenLogprob:
 
 @dataclass
 class Piece:
-    """Text to send now, and the tokens whose text it is (so a chunk's logprobs match its text)."""
+    """Text to send now, and the tokens whose text it is (so a chunk's logprobs match its text):
+    the answer's text, and a thinking model's reasoning before it (``reasoning.py``)."""
 
     text: str
     tokens: list[TokenLogprob]
+    reasoning: str = ""
 
 
 class GenerationRun:
@@ -86,6 +89,8 @@ class GenerationRun:
         self.engine, self.gen, self.slot, self.forget = engine, gen, slot, forget
         self.metrics, self.counters, self.count_tokens = metrics, counters, count_tokens
         self.stops = StopMatcher(gen.stops)
+        # A thinking model's reply, split after the stop strings (they apply to the whole text).
+        self.split = ReasoningSplit(gen.reasoning_open) if gen.reasoning else None
         self.tokens: list[TokenLogprob] = []
         self.done: Done | None = None
         self.perf: Perf | None = None
@@ -109,11 +114,11 @@ class GenerationRun:
                     pending.append(self._token(event.candidates))
                 if held is not None:  # the text goes out with the logprobs of the tokens that made it
                     (out, hit), held = held, None
-                    yield Piece(out, pending)
+                    yield self._piece(out, pending)
                     pending = []
-                    if hit:
+                    if hit:  # the turn's last events, then the reply's held end, as at any end
                         await self._stop(stream, ticket)
-                        return
+                        break
                 if isinstance(event, Data):
                     held = self.stops.feed(event.text.decode("utf-8", errors="replace"))
                 else:
@@ -128,8 +133,28 @@ class GenerationRun:
         tail = self.stops.flush()
         if self.stops.stopped:
             self.finish = "stop"
-        if out or tail or pending:
-            yield Piece(out + tail, pending)
+        last = self._piece(out + tail, pending)
+        if self.split is not None:
+            reasoning, text = self.split.flush()
+            last = Piece(last.text + text, last.tokens, last.reasoning + reasoning)
+        if last.text or last.reasoning or last.tokens:
+            yield last
+
+    def _piece(self, text: str, tokens: list[TokenLogprob]) -> Piece:
+        """A piece of the reply: its answer and its reasoning, for a thinking model."""
+        if self.split is None:
+            return Piece(text, tokens)
+        reasoning, answer = self.split.feed(text, len(tokens))
+        return Piece(answer, tokens, reasoning)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """The reply's tokens of its reasoning block (0: none, or not a thinking model)."""
+        return self.split.reasoning_tokens if self.split is not None else 0
+
+    @property
+    def has_reasoning(self) -> bool:
+        return self.split is not None and self.split.opened
 
     async def _stop(self, stream: AsyncIterator[object], ticket: Ticket) -> None:
         """A stop string matched: STOP, then the turn's last events until its DONE (its stats)."""

@@ -37,6 +37,7 @@ from colibri.api.app import BODY_TIMEOUT_S, MAX_BODY, create_app
 from colibri.api.engine_client import EngineClient, EngineStartFailed
 from colibri.api.openai_errors import ambiguous_framing, overloaded
 from colibri.api.openai_requests import Generation
+from colibri.api.reasoning import opens_reasoning
 from colibri.api.security import CorsPolicy, HostGuard, ambiguous_framing_headers, require_key_for_bind
 from colibri.api.server_state import ServerState
 from colibri.api.slot_owners import SlotOwners
@@ -231,7 +232,11 @@ def prompt_ids(text: ModelText, gen: Generation, limit: int | None = None) -> li
     by its length, raises ``TooManyTokens`` untokenized."""
     if gen.kind == "chat":
         tools = gen.tools.template_tools if gen.tools is not None else None
-        return text.encode_chat(gen.messages, gen.enable_thinking, tools, limit)
+        segments = text.render_segments(gen.messages, gen.enable_thinking, tools, gen.template_kwargs)
+        if gen.reasoning:  # only the template's own markup can leave the reply inside a block
+            last = segments[-1] if segments else None
+            gen.reasoning_open = last is not None and last.markup and opens_reasoning(last.text)
+        return text.encode_segments(segments, limit)
     return text.encode_text(gen.prompt, limit)
 
 

@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from colibri.api import reasoning
+
 # The body's JSON limits, re-exported: the routes and the tests take them from here.
 from colibri.api.json_body import MAX_INT_DIGITS, MAX_JSON_DEPTH, parse_json  # noqa: F401
 from colibri.api.openai_errors import bad, shown, too_many
@@ -54,9 +56,16 @@ MIN_TOP_P = 1e-9  # top_p must be positive (0 would keep no token at all)
 # the event loop, so 50,000 tiny ones held every other client for a second (issue 38); 2048 is far
 # more than a conversation that fits a context holds (each costs a few tokens of template alone).
 MAX_MESSAGES = 2048
-# ``render(messages, enable_thinking[, tools]) -> prompt``: the model's chat template (tools only
-# for a template that takes them: ``ModelText.render``).
+# ``render(messages, enable_thinking[, tools][, template_kwargs=...]) -> prompt``: the model's chat
+# template (tools only for a template that takes them; ``enable_thinking`` None: the template's own
+# default; ``ModelText.render``).
 Render = Callable[..., str]
+# What the template gets from the server itself, or calls: a client's ``chat_template_kwargs`` may
+# not replace them (jinja's own globals, ``ChatTemplate``'s helpers, the rendering's variables).
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+    "raise_exception", "strftime_now", "range", "dict", "lipsum", "cycler", "joiner", "namespace",
+})
 
 # Fields not served, accepted at null or at a value equal to their default (as if absent).
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
@@ -110,6 +119,7 @@ _REFUSALS = {
     "audio": "audio is not supported",
     "modalities": "only text output is supported (modalities: ['text'])",
     "prediction": "predicted outputs are not supported",
+    "chat_template_kwargs": "a text completion has no chat template (use /v1/chat/completions)",
     "verbosity": "only the default verbosity 'medium' is supported",
     "echo": "echo is not supported",
     "suffix": "suffix is not supported",
@@ -119,7 +129,7 @@ _REFUSALS = {
 }
 CHAT_FIELDS = _COMMON | _HARMLESS | {
     "messages", "max_completion_tokens", "logprobs", "top_logprobs",
-    "tools", "tool_choice", "parallel_tool_calls", "response_format",
+    "tools", "tool_choice", "parallel_tool_calls", "response_format", "chat_template_kwargs",
 }
 COMPLETION_FIELDS = _COMMON | _HARMLESS | {"prompt", "logprobs", "response_format"}
 
@@ -141,7 +151,14 @@ class Generation:
     top_logprobs: int
     cache_slot: int | None
     messages: list[dict[str, Any]] = field(default_factory=list)
-    enable_thinking: bool = False
+    # The template's thinking switch (None: not passed, the template's default) and the client's
+    # other ``chat_template_kwargs``.
+    enable_thinking: bool | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # The reply is split into reasoning and answer (``reasoning.py``): the template writes a
+    # reasoning block and no grammar holds the output; ``reasoning_open``: it starts inside it.
+    reasoning: bool = False
+    reasoning_open: bool = False
     # What every sampled token must match (``structured.py``'s grammar contract); None: free text.
     grammar: str | None = None
     # The offered tools: the answer's text goes through ``tools.split_output`` with it.
@@ -273,15 +290,50 @@ def _common(
     )
 
 
-def thinking(body: dict) -> bool:
-    """api.md: ``enable_thinking: true``, or any ``reasoning_effort`` but "none"."""
+def thinking(body: dict) -> bool | None:
+    """The template's ``enable_thinking``, most specific first: ``chat_template_kwargs``'s, then
+    ``enable_thinking``, then ``reasoning_effort`` (any but "none" thinks); None: none was said."""
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and kwargs.get("enable_thinking") is not None:
+        if not isinstance(kwargs["enable_thinking"], bool):
+            raise bad("chat_template_kwargs", "'chat_template_kwargs.enable_thinking' must be a boolean")
+        return kwargs["enable_thinking"]
     flag = body.get("enable_thinking")
     if flag is not None and not isinstance(flag, bool):
         raise bad("enable_thinking", "'enable_thinking' must be a boolean")
     effort = body.get("reasoning_effort")
     if effort is not None and effort not in REASONING_EFFORTS:
         raise bad("reasoning_effort", "'reasoning_effort' must be none, minimal, low, medium or high")
-    return bool(flag) or (effort is not None and effort != "none")
+    if flag is not None:
+        return flag
+    return None if effort is None else effort != "none"
+
+
+def template_kwargs(body: dict) -> dict[str, Any]:
+    """``chat_template_kwargs`` (an object of JSON values) as the template gets them, without
+    ``enable_thinking`` (``thinking``) and with ``reasoning_effort`` when the client set it (a
+    template may read it, as llama.cpp's server passes it). A key the template gets from the
+    server is refused: the client's value would replace the conversation or the markup."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise bad("chat_template_kwargs", "'chat_template_kwargs' must be an object")
+    for key in kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise bad("chat_template_kwargs", f"'chat_template_kwargs' may not set {shown(key)}: the "
+                                              "server gives the template that variable itself")
+    out = {k: v for k, v in kwargs.items() if k != "enable_thinking"}
+    effort = body.get("reasoning_effort")
+    if effort is not None and effort != "none":
+        out.setdefault("reasoning_effort", effort)
+    return out
+
+
+def _template_flag(render: Render, name: str) -> bool:
+    """A property of ``render``'s template, asked of its ModelText when it is one's bound
+    ``render`` (the server's), else False (a test's stand-in)."""
+    return bool(getattr(getattr(render, "__self__", None), name, False))
 
 
 def _chat_messages(messages: Any) -> list[dict[str, Any]]:
@@ -316,37 +368,45 @@ def _grammar(body: dict, plan: ToolPlan | None) -> str | None:
     return tool_grammar(plan)
 
 
-def _template_uses_tools(render: Render) -> bool:
-    """Whether ``render``'s template renders tools itself: asked of its ModelText when it is one's
-    bound ``render`` (the server's), else no (a test's stand-in)."""
-    return bool(getattr(getattr(render, "__self__", None), "template_uses_tools", False))
+def _template_source(render: Render) -> str:
+    """The source of ``render``'s template, when it is a ModelText's bound ``render``; else ""."""
+    template = getattr(getattr(render, "__self__", None), "chat_template", None)
+    return str(getattr(template, "source", ""))
 
 
 def parse_chat(
-    body: Any, render: Render, n_ctx: int, n_slots: int, template_tools: bool | None = None
+    body: Any, render: Render, n_ctx: int, n_slots: int, template_tools: bool | None = None,
+    template_thinks: bool | None = None,
 ) -> Generation:
-    """``render(messages, enable_thinking[, tools]) -> prompt`` is the model's chat template;
-    ``template_tools``: whether it renders tools itself (None: ``_template_uses_tools``)."""
+    """``render(messages, enable_thinking[, tools][, template_kwargs=]) -> prompt`` is the model's
+    chat template; ``template_tools``: whether it renders tools itself, ``template_thinks``:
+    whether it writes a reasoning block (None: asked of ``render``'s ModelText)."""
     if not isinstance(body, dict):
         raise bad("", "the request body must be a JSON object")
     _check_fields(body, CHAT_FIELDS)
     clean = _chat_messages(body.get("messages"))
     if template_tools is None:
-        template_tools = _template_uses_tools(render)
+        template_tools = _template_flag(render, "template_uses_tools")
+    if template_thinks is None:
+        template_thinks = reasoning.template_thinks(_template_source(render))
     plan = parse_tools(body, template_tools)
     grammar = _grammar(body, plan)
     style = plan.style if plan is not None else ("template" if template_tools else "generic")
     clean = prompt_messages(clean, plan, style)
-    think = thinking(body)
+    think, kwargs = thinking(body), template_kwargs(body)
     offered = plan.template_tools if plan is not None else None
+    args = [clean, think] if offered is None else [clean, think, offered]
     try:
-        prompt = render(clean, think) if offered is None else render(clean, think, offered)
-    except ClientMarkupError as e:  # the trust rule: a tool's text would be markup
+        prompt = render(*args, template_kwargs=kwargs) if kwargs else render(*args)
+    except ClientMarkupError as e:  # the trust rule: a tool's or a kwarg's text would be markup
         raise bad(e.field, str(e)) from None
     except ColibriError as e:  # the template's raise_exception: these messages are not its shape
         raise bad("messages", str(e)) from None
     gen = _common(body, "chat", prompt, n_ctx, n_slots, clean)
-    gen.enable_thinking, gen.grammar, gen.tools = think, grammar, plan
+    gen.enable_thinking, gen.template_kwargs, gen.grammar, gen.tools = think, kwargs, grammar, plan
+    # A grammar holds the whole output (a tool envelope, the client's schema): no room for a block.
+    gen.reasoning = template_thinks and grammar is None
+    gen.reasoning_open = gen.reasoning and reasoning.opens_reasoning(prompt)
     return gen
 
 

@@ -116,7 +116,8 @@ def _string(item: dict[str, Any], key: str, where: str) -> str:
 
 def _item_message(item: Any, where: str, messages: list[dict[str, Any]]) -> dict[str, Any] | None:
     """One input item as a chat message; None when it joined the previous one (a function call
-    after an assistant message, or after another call: one assistant turn with its calls)."""
+    after an assistant message, or after another call: one assistant turn with its calls) or is
+    left out (a reasoning item)."""
     if not isinstance(item, dict):
         raise bad(where, "each input item must be an object")
     kind = item.get("type", "message")
@@ -137,6 +138,8 @@ def _item_message(item: Any, where: str, messages: list[dict[str, Any]]) -> dict
             last.setdefault("tool_calls", []).append(call)
             return None
         return {"role": "assistant", "content": None, "tool_calls": [call]}
+    if kind == "reasoning":  # a reasoning item replayed from an output: the templates drop past
+        return None          # reasoning themselves, and chat's history keeps none either
     if kind == "function_call_output":
         return {"role": "tool", "tool_call_id": _string(item, "call_id", where),
                 "content": _text(item.get("output"), f"{where}.output")}
@@ -226,8 +229,9 @@ def reasoning_effort(reasoning: Any) -> str | None:
         raise bad("reasoning", "'reasoning' must be an object")
     for name in set(reasoning) - {"effort"}:
         if reasoning[name] is not None:
-            raise bad(f"reasoning.{name}", f"'reasoning.{name}' is not supported (no reasoning "
-                                           "summaries or items: thinking stays in the text)")
+            raise bad(f"reasoning.{name}", f"'reasoning.{name}' is not supported (colibri writes "
+                                           "no reasoning summaries: a thinking model's reasoning "
+                                           "comes whole, as a reasoning item)")
     return reasoning.get("effort")
 
 

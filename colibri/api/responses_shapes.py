@@ -34,7 +34,7 @@ def response_usage(answer: Answer) -> dict[str, Any]:
         "input_tokens": answer.prompt_tokens,
         "input_tokens_details": {"cached_tokens": answer.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": answer.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": answer.reasoning_tokens},
         "total_tokens": answer.prompt_tokens + answer.completion_tokens,
     }
 
@@ -46,6 +46,17 @@ def status_of(answer: Answer) -> str:
 
 def output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def reasoning_text(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """A thinking model's reasoning, whole, as reasoning text (no summary: colibri writes none);
+    ``text`` None: still to come (a stream's first event)."""
+    content = [] if text is None else [reasoning_text(text)]
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
 
 
 def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
@@ -154,6 +165,27 @@ class EventStream:
                        item=message_item(item_id, text, status)),
         ]
 
+    def reasoning_start(self, index: int, item_id: str) -> list[bytes]:
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        return [
+            self.frame("response.output_item.added", output_index=index,
+                       item=reasoning_item(item_id, None, "in_progress")),
+            self.frame("response.content_part.added", **where, part=reasoning_text("")),
+        ]
+
+    def reasoning_delta(self, index: int, item_id: str, delta: str) -> bytes:
+        return self.frame("response.reasoning_text.delta", item_id=item_id, output_index=index,
+                          content_index=0, delta=delta)
+
+    def reasoning_end(self, index: int, item_id: str, text: str, status: str) -> list[bytes]:
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        return [
+            self.frame("response.reasoning_text.done", **where, text=text),
+            self.frame("response.content_part.done", **where, part=reasoning_text(text)),
+            self.frame("response.output_item.done", output_index=index,
+                       item=reasoning_item(item_id, text, status)),
+        ]
+
     def function_call(self, index: int, call: dict[str, Any], item_id: str) -> list[bytes]:
         """One tool call, whole: its arguments in one delta (the answer was parsed at its end)."""
         args = call["function"]["arguments"]
@@ -177,8 +209,9 @@ class EventStream:
 
 
 class ResponsesShaper:
-    """One response: text deltas as they come into one message item; with tools offered (held),
-    the message and the ``function_call`` items once the answer is whole."""
+    """One response: a thinking model's reasoning item first, its text as it comes; then the
+    message item, its text deltas as they come; with tools offered (held), the message and the
+    ``function_call`` items once the answer is whole."""
 
     endpoint = "/v1/responses"
 
@@ -186,33 +219,78 @@ class ResponsesShaper:
         self.env = ResponseEnvelope(model, request.echo)
         self.events = EventStream(self.env)
         self.held = request.parse_tools
-        self.message_id = new_id("msg_")
+        self.thinks = request.gen.reasoning  # a reasoning item may come first: the message waits
+        self.message_id, self.reasoning_id = new_id("msg_"), new_id("rs_")
         self.call_ids: list[str] = []
+        self.reasoning: str | None = None  # the reasoning streamed so far; None: no item begun
+        self.reasoning_done = False
+        self.message_open = False
+
+    @property
+    def first(self) -> int:
+        """The message's output index: after the reasoning item, if there is one."""
+        return int(self.reasoning is not None)
 
     def output(self, answer: Answer) -> list[dict[str, Any]]:
-        """The output items: the message (unless the answer only calls), then the calls."""
+        """The output items: the reasoning, the message (unless the answer only calls, or only
+        reasoned), then the calls."""
         self.call_ids = self.call_ids or [new_id("fc_") for _ in answer.calls]
         calls = [function_call_item(c, i) for c, i in zip(answer.calls, self.call_ids, strict=True)]
-        if answer.text is None:
-            return calls
-        return [message_item(self.message_id, answer.text, status_of(answer)), *calls]
+        items = []
+        if answer.reasoning:
+            items.append(reasoning_item(self.reasoning_id, answer.reasoning, self._reasoning_status(answer)))
+        if self._has_message(answer):
+            items.append(message_item(self.message_id, answer.text, status_of(answer)))
+        return [*items, *calls]
+
+    @staticmethod
+    def _has_message(answer: Answer) -> bool:
+        return answer.text is not None and not (answer.reasoning and not answer.text)
+
+    @staticmethod
+    def _reasoning_status(answer: Answer) -> str:
+        """Incomplete when the budget cut the reply before its answer began."""
+        cut = answer.finish == "length" and not answer.text and not answer.calls
+        return "incomplete" if cut else "completed"
 
     def opening(self) -> list[bytes]:
-        return self.events.opening() + ([] if self.held else self.events.message_start(0, self.message_id))
+        if self.held or self.thinks:
+            return self.events.opening()
+        self.message_open = True
+        return self.events.opening() + self.events.message_start(0, self.message_id)
 
     def delta(self, piece: Piece) -> list[bytes]:
+        frames = []
+        if piece.reasoning:
+            if self.reasoning is None:
+                self.reasoning = ""
+                frames += self.events.reasoning_start(0, self.reasoning_id)
+            self.reasoning += piece.reasoning
+            frames.append(self.events.reasoning_delta(0, self.reasoning_id, piece.reasoning))
         if self.held or not piece.text:
+            return frames
+        frames += self._end_reasoning("completed")
+        if not self.message_open:
+            self.message_open = True
+            frames += self.events.message_start(self.first, self.message_id)
+        return [*frames, self.events.text_delta(self.first, self.message_id, piece.text)]
+
+    def _end_reasoning(self, status: str) -> list[bytes]:
+        if self.reasoning is None or self.reasoning_done:
             return []
-        return [self.events.text_delta(0, self.message_id, piece.text)]
+        self.reasoning_done = True
+        return self.events.reasoning_end(0, self.reasoning_id, self.reasoning, status)
 
     def closing(self, answer: Answer) -> list[bytes]:
         output, status = self.output(answer), status_of(answer)
-        frames, text, item_id = [], answer.text, self.message_id
-        if text is not None:  # held: the message's events at once, its text in one delta
-            start = self.events.message_start(0, item_id) if self.held else []
-            delta = [self.events.text_delta(0, item_id, text)] if self.held and text else []
-            frames += start + delta + self.events.message_end(0, item_id, text, status)
-        first = int(text is not None)
+        frames = self._end_reasoning(self._reasoning_status(answer))
+        text, item_id, first = answer.text, self.message_id, self.first
+        if self._has_message(answer):
+            if not self.message_open:  # held, or no text came: the message's events at once
+                frames += self.events.message_start(first, item_id)
+                frames += [self.events.text_delta(first, item_id, text)] if text else []
+            frames += self.events.message_end(first, item_id, text, status)
+            first += 1
         for n, (call, call_id) in enumerate(zip(answer.calls, self.call_ids, strict=True)):
             frames += self.events.function_call(first + n, call, call_id)
         kind = "response.incomplete" if status == "incomplete" else "response.completed"

@@ -141,13 +141,15 @@ def as_api_error(e: GenerationFailed, gen: Generation) -> ApiError:
     raise TypeError(f"unexpected {e!r}")
 
 
-def answer_of(run: GenerationRun, gen: Generation, text: str) -> Answer:
+def answer_of(run: GenerationRun, gen: Generation, text: str, reasoning: str = "") -> Answer:
     """The finished answer; its tokens are counted into the metrics here, once. With tools
-    offered, the text is the model's call or reply in the tools' format (``tools.split_output``)."""
+    offered, the text is the model's call or reply in the tools' format (``tools.split_output``);
+    ``text`` is the answer alone, a thinking model's reasoning apart (``reasoning``)."""
     content, calls = split_output(text, gen.tools)
     prompt, completion = run.record_usage()
     cached = run.perf.reused_tokens if run.perf else 0
-    return Answer(content, calls, run.finish, prompt, completion, cached, run.stats(), run.tokens)
+    return Answer(content, calls, run.finish, prompt, completion, cached, run.stats(), run.tokens,
+                  reasoning if run.has_reasoning else None, run.reasoning_tokens, gen.reasoning)
 
 
 async def answer_json(state: ServerState, request: Served, lease: SlotLease) -> dict[str, Any]:
@@ -177,13 +179,15 @@ async def _served(state: ServerState, request: Served, lease: SlotLease, stream:
     ended: str | None = "cancelled"  # unless it ends otherwise: the client went away
     try:
         parts: list[str] = []
+        thoughts: list[str] = []
         for frame in shaper.opening() if stream else []:
             yield frame
         async for piece in pieces:
             parts.append(piece.text)
+            thoughts.append(piece.reasoning)
             for frame in shaper.delta(piece) if stream else []:
                 yield frame
-        answer = answer_of(run, gen, "".join(parts))
+        answer = answer_of(run, gen, "".join(parts), "".join(thoughts))
         status, ended = 200, "completed"
         if stream:
             for frame in shaper.closing(answer):

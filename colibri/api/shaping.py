@@ -41,6 +41,10 @@ class Answer:
     cached_tokens: int  # prompt tokens the KV slot already held (the engine's reused tokens)
     stats: dict[str, Any]  # the ``colibri`` block
     tokens: list[TokenLogprob] = field(default_factory=list)  # each generated token's logprobs
+    # A thinking model's reasoning (None: the reply had no reasoning block), and its tokens.
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
+    thinks: bool = False  # the reply was parsed for reasoning: usage says how many tokens it took
 
     @property
     def finish_reason(self) -> str:

@@ -92,27 +92,33 @@ class ModelText:
                 raise ClientMarkupError(field, token)
 
     def render(
-        self, messages: list[dict[str, Any]], enable_thinking: bool = False,
-        tools: list[dict[str, Any]] | None = None,
+        self, messages: list[dict[str, Any]], enable_thinking: bool | None = False,
+        tools: list[dict[str, Any]] | None = None, template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The prompt for ``messages`` (and ``tools``, for a template that takes them), ending
-        with the assistant's turn opened."""
+        with the assistant's turn opened. ``enable_thinking`` None: not passed (the template's
+        default); ``template_kwargs``: a client's other variables, markup too (the trust rule)."""
         for i, m in enumerate(messages):
             extra = {k: v for k, v in m.items() if k not in ("role", "content")}
             if extra:
                 self._check_data(f"messages[{i}]", extra)
-        if tools is None:
-            return self.chat_template.render(messages, enable_thinking=enable_thinking)
-        self._check_data("tools", tools)
-        return self.chat_template.render(messages, enable_thinking=enable_thinking, tools=tools)
+        variables = dict(template_kwargs or {})
+        if variables:
+            self._check_data("chat_template_kwargs", variables)
+        if enable_thinking is not None:
+            variables["enable_thinking"] = enable_thinking
+        if tools is not None:
+            self._check_data("tools", tools)
+            variables["tools"] = tools
+        return self.chat_template.render(messages, **variables)
 
     def count_tokens(self, prompt: str) -> int:
         """Tokens of a rendered prompt, as the engine will count them (special tokens parsed)."""
         return len(self.tokenizer.encode(prompt, special=True))
 
     def render_segments(
-        self, messages: list[dict[str, Any]], enable_thinking: bool = False,
-        tools: list[dict[str, Any]] | None = None,
+        self, messages: list[dict[str, Any]], enable_thinking: bool | None = False,
+        tools: list[dict[str, Any]] | None = None, template_kwargs: dict[str, Any] | None = None,
     ) -> list[Segment]:
         """The prompt for ``messages`` as markup and client-text spans, in order. A template that
         transforms a message's content (strips part of it, say) sees the sentinel instead: the
@@ -122,7 +128,7 @@ class ModelText:
         sentinel = re.compile(f"\x00{nonce}:([0-9]+)\x00")
         masked = [{**m, "content": f"\x00{nonce}:{i}\x00"} if m.get("content") else m
                   for i, m in enumerate(messages)]
-        rendered = self.render(masked, enable_thinking, tools)
+        rendered = self.render(masked, enable_thinking, tools, template_kwargs)
         segments, at = [], 0
         for match in sentinel.finditer(rendered):
             segments.append(Segment(rendered[at : match.start()], True))
@@ -163,12 +169,14 @@ class ModelText:
         return self.tokenizer.encode_segments(((seg.text, seg.markup) for seg in segments), limit=limit)
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], enable_thinking: bool = False,
+        self, messages: list[dict[str, Any]], enable_thinking: bool | None = False,
         tools: list[dict[str, Any]] | None = None, limit: int | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of the chat prompt: the template's markup may hold control tokens, the
         messages' content never does."""
-        return self.encode_segments(self.render_segments(messages, enable_thinking, tools), limit)
+        segments = self.render_segments(messages, enable_thinking, tools, template_kwargs)
+        return self.encode_segments(segments, limit)
 
     def encode_text(self, text: str, limit: int | None = None) -> list[int]:
         """Token ids of a client's raw text (``/v1/completions``): data, no control tokens; BOS
