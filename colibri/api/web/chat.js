@@ -83,13 +83,15 @@ async function send() {
     state.pendingSend = true;
     return;
   }
-  const failure = turn.error || (turn.stopped && !reply.text ? "Stopped before the answer began." : "");
+  const nothing = turn.stopped && !reply.text && !reply.reasoning;
+  const failure = turn.error || (nothing ? "Stopped before the answer began." : "");
   if (failure) {
     reply.fail(failure);
     userDiv.classList.add("failed");
     return;
   }
   reply.end();
+  // the answer alone: a thinking model's reasoning is not sent back (its template drops it anyway)
   if (chat === state.chat) state.history.push(userTurn, { role: "assistant", content: reply.text });
   finished(turn, reply);
 }
@@ -124,10 +126,9 @@ async function exchange(body, reply) {
     turn.queueMs = queueWait(res.headers);
     for await (const chunk of chatChunks(res.body)) {
       record(turn, chunk);
-      if (chunk.piece) {
-        el.liveTokens.textContent = String(turn.pieces);
-        reply.append(chunk.piece);
-      }
+      if (chunk.piece || chunk.reasoning) el.liveTokens.textContent = String(turn.pieces);
+      if (chunk.reasoning) reply.think(chunk.reasoning);
+      if (chunk.piece) reply.append(chunk.piece);
     }
   } catch (err) {
     if (err?.name === "AbortError") turn.stopped = true;

@@ -25,7 +25,21 @@ export function addUser(text) {
   return div;
 }
 
-/** The assistant's message: its text re-rendered at most once a frame while it streams. */
+/** A thinking model's reasoning, folded above the answer: a <details> the reader opens. Plain
+ *  text (whitespace kept), never markup. */
+function reasoningBlock() {
+  const details = document.createElement("details");
+  details.className = "reasoning";
+  const summary = document.createElement("summary");
+  summary.textContent = "Thinking…";
+  const text = document.createElement("div");
+  text.className = "reasoning-text";
+  details.append(summary, text);
+  return { details, summary, text };
+}
+
+/** The assistant's message: its text re-rendered at most once a frame while it streams, and a
+ *  thinking model's reasoning, as it comes, folded above it. */
 export function startReply() {
   const div = document.createElement("div");
   div.className = "msg assistant streaming";
@@ -34,23 +48,41 @@ export function startReply() {
   div.append(body);
   stickyScroll(() => list().append(div));
   let text = "";
+  let reasoning = "";
+  let block = null; // the folded reasoning, once some came
   let frame = 0;
   const render = () => {
     frame = 0;
-    stickyScroll(() => body.replaceChildren(renderMarkdown(text)));
+    stickyScroll(() => {
+      body.replaceChildren(renderMarkdown(text));
+      if (block) block.text.textContent = reasoning;
+    });
   };
   return {
     div,
     get text() {
       return text;
     },
+    get reasoning() {
+      return reasoning;
+    },
+    think(piece) {
+      if (!block) {
+        block = reasoningBlock();
+        div.insertBefore(block.details, body);
+      }
+      reasoning += piece;
+      if (!frame) frame = requestAnimationFrame(render);
+    },
     append(piece) {
       text += piece;
+      if (block) block.summary.textContent = "Reasoning";
       if (!frame) frame = requestAnimationFrame(render);
     },
     end() {
       if (frame) cancelAnimationFrame(frame);
       render();
+      if (block) block.summary.textContent = "Reasoning";
       div.classList.remove("streaming");
     },
     fail(message) {

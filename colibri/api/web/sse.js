@@ -31,8 +31,9 @@ export async function* eventData(body) {
   }
 }
 
-/** One event's data as ``{error}`` or ``{piece, finish, colibri, usage}``; null for the closing
- *  [DONE] and for anything that is not JSON. */
+/** One event's data as ``{error}`` or ``{piece, reasoning, finish, colibri, usage}``: ``reasoning``
+ *  is a thinking model's ``reasoning_content`` (colibri, llama.cpp and vLLM send it beside
+ *  ``content``); null for the closing [DONE] and for anything that is not JSON. */
 export function readChunk(data) {
   if (data === "[DONE]") return null; // the stream ends right after it
   let chunk;
@@ -45,6 +46,7 @@ export function readChunk(data) {
   const choice = chunk?.choices?.[0];
   return {
     piece: choice?.delta?.content || "",
+    reasoning: choice?.delta?.reasoning_content || "",
     finish: choice?.finish_reason || null,
     colibri: chunk?.colibri || null,
     usage: chunk?.usage || null,

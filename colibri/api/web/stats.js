@@ -25,7 +25,7 @@ export function record(turn, chunk) {
     turn.error = chunk.error;
     return;
   }
-  if (chunk.piece) {
+  if (chunk.piece || chunk.reasoning) { // reasoning is generated text too: the first token's time
     if (turn.ttft === null) turn.ttft = performance.now() - turn.t0;
     turn.pieces += 1; // one SSE chunk per token the engine emits (usage corrects the count)
   }
