@@ -145,6 +145,7 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from colibri.model.hparams import HParams
+    from colibri.model.loader import architecture_features
 
     gguf = GGUFFile(settings.model_path(args))
     hp = HParams.from_gguf(gguf)
@@ -161,6 +162,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"context       {hp.context_length}")
     print(f"vocabulary    {hp.n_vocab}")
     print(f"rope base     {hp.rope_base:g}")
+    print(f"features      {architecture_features(gguf, hp)}")
     print(f"tensors       {len(gguf.tensors)}")
     print(f"block types   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}")
     for line in _block_type_lines(gguf):

@@ -22,6 +22,24 @@ DEFAULT_TEMPLATE = (
     "{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# Gemma's turns, for Gemma files that carry no template (GGUF-my-repo's Gemma 3 270M has none):
+# ``<start_of_turn>user|model``, no system role: system text joins the next user turn after a blank
+# line, as llama.cpp's built-in "gemma" template and Google's own template put it.
+GEMMA_TEMPLATE = (
+    "{{- bos_token -}}{%- set ns = namespace(system='') -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'system' -%}{%- set ns.system = ns.system ~ (message['content'] | trim) -%}"
+    "{%- else -%}{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<start_of_turn>' ~ role ~ '\n' -}}"
+    "{%- if ns.system and role != 'model' -%}"
+    "{{- ns.system ~ '\n\n' -}}{%- set ns.system = '' -%}{%- endif -%}"
+    "{{- (message['content'] or '') | trim -}}{{- '<end_of_turn>\n' -}}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"
+)
+# general.architecture -> the template of a file without one (others: ChatML).
+BUILTIN_TEMPLATES = {"gemma": GEMMA_TEMPLATE, "gemma2": GEMMA_TEMPLATE, "gemma3": GEMMA_TEMPLATE}
+
 
 class ChatTemplateError(ColibriError):
     pass

@@ -37,6 +37,13 @@ class HParams:
     expert_weights_scale: float = 0.0  # routed scaling factor (0: none)
     expert_weights_norm: bool | None = None  # renormalise the top-k weights; None: arch default
     expert_gating_func: int = 0  # 0: the architecture's default, 1: softmax, 2: sigmoid
+    # Attention and RoPE variants (the plain value where the file says nothing).
+    sliding_window: int = 0  # attention.sliding_window: positions a local layer attends to (0: none)
+    swa_pattern: int | tuple[bool, ...] | None = None  # attention.sliding_window_pattern: period or per layer
+    rope_base_swa: float = 10000.0  # rope.freq_base_swa: the local layers' base (llama.cpp's default)
+    rope_linear: float = 1.0  # rope.scaling.factor of a "linear" scaling: positions divided by it
+    attention_scale: float = 0.0  # attention.scale: of q·k (0: the architecture's rule)
+    logit_softcap: float = 0.0  # final_logit_softcapping: logits = c·tanh(logits / c) (0: none)
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> HParams:
@@ -58,6 +65,9 @@ class HParams:
         embd = gguf.tensors.get("token_embd.weight")
         n_vocab = int(gguf.get(f"{arch}.vocab_size", embd.shape[1] if embd else 0))
         norm = gguf.get(f"{arch}.expert_weights_norm")
+        pattern = gguf.get(f"{arch}.attention.sliding_window_pattern")
+        if isinstance(pattern, list):
+            pattern = tuple(bool(v) for v in pattern)
         return cls(
             arch=arch,
             n_layers=int(need("block_count")) - int(opt("nextn_predict_layers")),
@@ -82,4 +92,26 @@ class HParams:
             expert_weights_scale=float(opt("expert_weights_scale", 0.0)),
             expert_weights_norm=None if norm is None else bool(norm),
             expert_gating_func=int(opt("expert_gating_func")),
+            sliding_window=int(opt("attention.sliding_window")),
+            swa_pattern=pattern if pattern is None or isinstance(pattern, tuple) else int(pattern),
+            rope_base_swa=float(opt("rope.freq_base_swa", 10000.0)),
+            rope_linear=_linear_rope(gguf, arch),
+            attention_scale=float(opt("attention.scale", 0.0)),
+            logit_softcap=float(opt("final_logit_softcapping", 0.0)),
         )
+
+
+# RoPE scalings computed here: none, and "linear" (positions divided by the factor). Others
+# (yarn, longrope) change every frequency and the logits' scale: a file that asks for one is
+# refused rather than run with RoPE it was not trained with. Llama 3's scaling needs no type: the
+# converter bakes it into a ``rope_freqs`` tensor of per-frequency factors (``decoder.py``).
+ROPE_SCALINGS = ("none", "linear")
+
+
+def _linear_rope(gguf: GGUFFile, arch: str) -> float:
+    kind = gguf.get(f"{arch}.rope.scaling.type", "none")
+    factor = float(gguf.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    if kind not in ROPE_SCALINGS:
+        raise GGUFError(f"{gguf.path}: RoPE scaling {kind!r} is not supported (supported: "
+                        f"{', '.join(ROPE_SCALINGS)})")
+    return factor if kind == "linear" else 1.0

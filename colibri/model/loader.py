@@ -12,10 +12,23 @@ from colibri.model.hparams import HParams
 from colibri.model.interface import ExpertTelemetry, StepTimes
 from colibri.model.kv_cache import DEFAULT_KV_TYPE, KV_TYPES, KVCache, kv_type_name
 from colibri.model.network import ARCHITECTURES, Decoder
+from colibri.model.network.features import features
 from colibri.model.text import ModelText
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.experts import Budget
 from colibri.store.gguf import GGUFError, GGUFFile
+
+
+def unsupported(path: Path, arch: str) -> str:
+    return f"{path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
+
+
+def architecture_features(gguf: GGUFFile, hp: HParams) -> str:
+    """``coli info``'s line: the architecture's features, or why it cannot run."""
+    arch = ARCHITECTURES.get(hp.arch)
+    if arch is None:
+        return unsupported(gguf.path, hp.arch)
+    return ", ".join(features(gguf, hp, arch))
 
 
 class Model:
@@ -31,10 +44,7 @@ class Model:
         self.hp = HParams.from_gguf(self.gguf)
         arch = ARCHITECTURES.get(self.hp.arch)
         if arch is None:
-            raise GGUFError(
-                f"{path}: architecture {self.hp.arch!r} is not supported "
-                f"(supported: {', '.join(sorted(ARCHITECTURES))})"
-            )
+            raise GGUFError(unsupported(path, self.hp.arch))
         self.decoder: Decoder = arch(self.gguf, self.hp, ram_budget)
         self.text = ModelText(self.gguf)
         self.fingerprint = self.gguf.fingerprint()

@@ -17,7 +17,7 @@ again each time it is used (a 135M-parameter model: seconds).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import gguf
@@ -46,6 +46,12 @@ class Config:
     n_groups: int  # expert_group_count
     n_groups_used: int  # expert_group_used_count
     n_dense_lead: int  # leading_dense_block_count
+    window: int  # attention.sliding_window: positions a local layer sees (0: no local layers)
+    swa_pattern: object  # attention.sliding_window_pattern: a period, a per-layer list, or None
+    rope_base_swa: float  # rope.freq_base_swa: the local layers' base
+    rope_linear: float  # rope.scaling.factor of a "linear" scaling (1: none)
+    attn_scale: float  # attention.scale: of q·k (0: 1/sqrt(head_dim))
+    softcap: float  # final_logit_softcapping (0: none)
 
 
 class Weights:
@@ -81,6 +87,13 @@ class Weights:
             n_groups=opt("expert_group_count"),
             n_groups_used=opt("expert_group_used_count"),
             n_dense_lead=opt("leading_dense_block_count"),
+            window=opt("attention.sliding_window"),
+            swa_pattern=opt("attention.sliding_window_pattern", None),
+            rope_base_swa=float(opt("rope.freq_base_swa", 10000.0)),
+            rope_linear=float(opt("rope.scaling.factor", 1.0)) if opt("rope.scaling.type", "") == "linear"
+            else 1.0,
+            attn_scale=float(opt("attention.scale", 0.0)),
+            softcap=float(opt("final_logit_softcapping", 0.0)),
         )
 
     def meta(self, key: str, default: object = _REQUIRED) -> object:
@@ -120,16 +133,18 @@ def head_norm(x: np.ndarray, weight: np.ndarray, head_dim: int, eps: float) -> n
     return rms_norm(heads, weight, eps).reshape(x.shape)
 
 
-def rope(x: np.ndarray, head_dim: int, rope_dim: int, base: float, neox: bool) -> np.ndarray:
+def rope(x: np.ndarray, head_dim: int, rope_dim: int, base: float, neox: bool,
+         divisors: np.ndarray | float = 1.0) -> np.ndarray:
     """Rotary position embedding of rows at positions 0, 1, …: in each head, pair i of the first
-    ``rope_dim`` dimensions turns by ``position * base^(-2i / rope_dim)``; the other dimensions
-    pass (partial rotary). The pairs are ``(2i, 2i+1)`` in llama's GGUF layout (ggml's "normal";
-    the converter permuted the q and k rows to it), ``(i, i + rope_dim/2)`` with ``neox``
-    (Hugging Face's ``rotate_half``)."""
+    ``rope_dim`` dimensions turns by ``position * base^(-2i / rope_dim) / divisors[i]``; the other
+    dimensions pass (partial rotary). The pairs are ``(2i, 2i+1)`` in llama's GGUF layout (ggml's
+    "normal"; the converter permuted the q and k rows to it), ``(i, i + rope_dim/2)`` with ``neox``
+    (Hugging Face's ``rotate_half``). ``divisors``: a linear scaling's factor, or Llama 3's
+    per-frequency factors (the file's ``rope_freqs``)."""
     t_rows = x.shape[0]
     heads = x.reshape(t_rows, -1, head_dim).copy()
     half = rope_dim // 2
-    angle = np.arange(t_rows)[:, None] * base ** (-2.0 * np.arange(half) / rope_dim)
+    angle = np.arange(t_rows)[:, None] * base ** (-2.0 * np.arange(half) / rope_dim) / divisors
     cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
     if neox:
         a, b = heads[..., :half], heads[..., half:rope_dim]
@@ -143,15 +158,20 @@ def rope(x: np.ndarray, head_dim: int, rope_dim: int, base: float, neox: bool) -
     return heads.reshape(x.shape)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_heads: int, n_kv_heads: int) -> np.ndarray:
-    """Causal softmax attention, ``softmax(q·kᵀ / sqrt(d)) · v`` per head; grouped-query: query
-    head h reads key/value head ``h // (n_heads / n_kv_heads)``. Rows are positions 0, 1, …"""
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_heads: int, n_kv_heads: int,
+              scale: float = 0.0, window: int = 0) -> np.ndarray:
+    """Causal softmax attention, ``softmax(q·kᵀ · scale) · v`` per head (``scale`` 0: 1/sqrt(d));
+    grouped-query: query head h reads key/value head ``h // (n_heads / n_kv_heads)``. Rows are
+    positions 0, 1, …; ``window`` > 0: row p sees positions p - window + 1 .. p only."""
     t_rows = q.shape[0]
     q = q.reshape(t_rows, n_heads, -1).transpose(1, 0, 2)  # [head, position, d]
     k = np.repeat(k.reshape(t_rows, n_kv_heads, -1).transpose(1, 0, 2), n_heads // n_kv_heads, axis=0)
     v = np.repeat(v.reshape(t_rows, n_kv_heads, -1).transpose(1, 0, 2), n_heads // n_kv_heads, axis=0)
-    scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
-    scores = np.where(np.tril(np.ones((t_rows, t_rows), bool)), scores, -np.inf)
+    scores = q @ k.transpose(0, 2, 1) * (scale or 1.0 / np.sqrt(q.shape[-1]))
+    seen = np.tril(np.ones((t_rows, t_rows), bool))
+    if window > 0:
+        seen &= np.subtract.outer(np.arange(t_rows), np.arange(t_rows)) < window
+    scores = np.where(seen, scores, -np.inf)
     out = softmax(scores) @ v  # [head, position, value d]
     return out.transpose(1, 0, 2).reshape(t_rows, -1)
 
@@ -228,13 +248,16 @@ def softmax_routing(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.n
 
 def output(w: Weights, x: np.ndarray) -> np.ndarray:
     """The final norm and the output matrix (the embedding's when the file has no ``output``),
-    in slices of rows so that a large vocabulary's matrix is never all in float64 at once."""
+    in slices of rows so that a large vocabulary's matrix is never all in float64 at once; then
+    the soft cap, where the file has one."""
     h = rms_norm(x, w["output_norm.weight"], w.config.eps)
     name = "output.weight" if "output.weight" in w else "token_embd.weight"
     n_vocab = w.tensors[name].data.shape[0]
-    return np.concatenate(
+    logits = np.concatenate(
         [h @ w.rows(name, slice(a, a + 8192)).T for a in range(0, n_vocab, 8192)], axis=1
     )
+    cap = w.config.softcap
+    return cap * np.tanh(logits / cap) if cap else logits
 
 
 def linear(w: Weights, name: str, h: np.ndarray) -> np.ndarray:
@@ -260,19 +283,29 @@ def grouped_top_k(scores: np.ndarray, k: int, n_groups: int, n_groups_used: int)
 # -- the architectures: one function each, embedding to logits -------------------------------------
 
 
-def self_attention(w: Weights, p: str, x: np.ndarray, neox: bool, qk_norm: bool = False) -> np.ndarray:
-    """A layer's attention half, before its residual add: ``rms_norm``, q/k/v (with their biases
-    where the file has them), per-head q and k norms (``qk_norm``), RoPE, causal GQA attention,
-    the output projection."""
+def self_attention(w: Weights, p: str, x: np.ndarray, neox: bool, qk_norm: bool = False,
+                   local: bool = False) -> np.ndarray:
+    """A layer's attention half, before its residual add: ``rms_norm``, q/k/v (fused in
+    ``attn_qkv`` or apart, with their biases where the file has them), per-head q and k norms
+    (``qk_norm``), RoPE, causal GQA attention, the output projection. A ``local`` layer: the
+    window, and RoPE at the local base without the linear scaling."""
     c = w.config
     h = rms_norm(x, w[p + "attn_norm.weight"], c.eps)
-    q, k, v = (linear(w, p + f"attn_{n}", h) for n in "qkv")
+    if p + "attn_qkv.weight" in w:
+        q_dim, kv_dim = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        q, k, v = np.split(linear(w, p + "attn_qkv", h), [q_dim, q_dim + kv_dim], axis=1)
+    else:
+        q, k, v = (linear(w, p + f"attn_{n}", h) for n in "qkv")
     if qk_norm:
         q = head_norm(q, w[p + "attn_q_norm.weight"], c.head_dim, c.eps)
         k = head_norm(k, w[p + "attn_k_norm.weight"], c.head_dim, c.eps)
-    q = rope(q, c.head_dim, c.rope_dim, c.rope_base, neox=neox)
-    k = rope(k, c.head_dim, c.rope_dim, c.rope_base, neox=neox)
-    return attention(q, k, v, c.n_heads, c.n_kv_heads) @ w[p + "attn_output.weight"].T
+    base, divisors = (c.rope_base_swa, 1.0) if local else (c.rope_base, c.rope_linear)
+    if "rope_freqs.weight" in w:
+        divisors = divisors * w["rope_freqs.weight"]
+    q = rope(q, c.head_dim, c.rope_dim, base, neox=neox, divisors=divisors)
+    k = rope(k, c.head_dim, c.rope_dim, base, neox=neox, divisors=divisors)
+    out = attention(q, k, v, c.n_heads, c.n_kv_heads, c.attn_scale, c.window if local else 0)
+    return out @ w[p + "attn_output.weight"].T
 
 
 def llama(w: Weights, ids: np.ndarray) -> np.ndarray:
@@ -359,8 +392,67 @@ def glm4moe(w: Weights, ids: np.ndarray) -> np.ndarray:
     return output(w, x)
 
 
+def dense(w: Weights, ids: np.ndarray) -> np.ndarray:
+    """qwen2 (q/k/v biases), qwen3 (per-head q/k norms) and phi3 (q, k, v fused in ``attn_qkv``;
+    gate and up fused in ``ffn_up``, gate first): llama's layer with NEOX RoPE, each variant as
+    the tensors present say."""
+    c = w.config
+    x = w.rows("token_embd.weight", ids)
+    for i in range(c.n_layers):
+        p = f"blk.{i}."
+        x = x + self_attention(w, p, x, neox=True, qk_norm=p + "attn_q_norm.weight" in w)
+        h = rms_norm(x, w[p + "ffn_norm.weight"], c.eps)
+        if p + "ffn_gate.weight" in w:
+            x = x + dense_ffn(w, p, h)
+        else:
+            gate, up = np.split(h @ w[p + "ffn_up.weight"].T, 2, axis=1)
+            x = x + (silu(gate) * up) @ w[p + "ffn_down.weight"].T
+    return output(w, x)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def gemma3_local(c: Config, layer: int) -> bool:
+    """Whether a Gemma 3 layer is a sliding-window one: as the file's pattern says, else five
+    local layers and a global one (Gemma 3's own pattern, llama.cpp's default)."""
+    if c.window <= 0:
+        return False
+    if isinstance(c.swa_pattern, list):
+        return bool(c.swa_pattern[layer])
+    period = 6 if c.swa_pattern is None else int(c.swa_pattern)
+    return period == 0 or layer % period < period - 1
+
+
+def gemma3(w: Weights, ids: np.ndarray) -> np.ndarray:
+    """Gemma 3. Embeddings times sqrt(n_embd); a layer: ``x += post_norm(attention(rms_norm(x)))``,
+    ``x += post_ffw_norm(geglu(rms_norm(x)))`` with the tanh GELU; per-head q/k norms, NEOX
+    RoPE; sliding-window layers with their own RoPE base (``gemma3_local``); q·k scaled by
+    ``attention.scale``, else 1/sqrt(head_dim) (1/sqrt(n_embd / n_heads) for the 62-layer 27B).
+    The norms' weights hold Gemma's +1 already (the converter adds it)."""
+    c = w.config
+    n_embd = w.meta(f"{c.arch}.embedding_length")
+    if not c.attn_scale and c.n_layers == 62:
+        w.config = c = replace(c, attn_scale=1.0 / np.sqrt(n_embd // c.n_heads))
+    x = w.rows("token_embd.weight", ids) * np.float64(np.float32(np.sqrt(n_embd)))
+    for i in range(c.n_layers):
+        p = f"blk.{i}."
+        a = self_attention(w, p, x, neox=True, qk_norm=True, local=gemma3_local(c, i))
+        x = x + rms_norm(a, w[p + "post_attention_norm.weight"], c.eps)
+        h = rms_norm(x, w[p + "ffn_norm.weight"], c.eps)
+        gate, up, down = (w[f"{p}ffn_{m}.weight"] for m in ("gate", "up", "down"))
+        f = (gelu_tanh(h @ gate.T) * (h @ up.T)) @ down.T
+        x = x + rms_norm(f, w[p + "post_ffw_norm.weight"], c.eps)
+    return output(w, x)
+
+
 ARCHITECTURES: dict[str, Callable[[Weights, np.ndarray], np.ndarray]] = {
     "llama": llama,
+    "qwen2": dense,
+    "qwen3": dense,
+    "phi3": dense,
+    "gemma3": gemma3,
     "qwen2moe": qwen2moe,
     "qwen3moe": qwen3moe,
     "glm4moe": glm4moe,

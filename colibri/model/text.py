@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from colibri.errors import ColibriError
-from colibri.model.chat import ChatTemplate
+from colibri.model.chat import BUILTIN_TEMPLATES, ChatTemplate
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.gguf import GGUFFile
 
@@ -70,7 +70,8 @@ class ModelText:
         tok = self.tokenizer
         bos = tok.tokens[tok.bos_id] if tok.bos_id is not None else ""
         eos = tok.tokens[tok.eos_id] if tok.eos_id is not None else ""
-        return ChatTemplate(self.gguf.get("tokenizer.chat_template"), bos, eos)
+        builtin = BUILTIN_TEMPLATES.get(str(self.gguf.get("general.architecture")))
+        return ChatTemplate(self.gguf.get("tokenizer.chat_template") or builtin, bos, eos)
 
     @property
     def template_uses_tools(self) -> bool:

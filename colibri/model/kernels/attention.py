@@ -123,24 +123,24 @@ def _weighted(values, e, m: int, n: int, at0: int, stride: int, c: int, head_dim
 
 
 @nb.njit(**KERNEL)
-def _attend_heads(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n: int, h0: int, m: int,
-                  kh: int, out: np.ndarray) -> None:
+def _attend_heads(q: np.ndarray, keys: np.ndarray, values: np.ndarray, lo: int, n: int, h0: int,
+                  m: int, kh: int, scale: float, out: np.ndarray) -> None:
     """Query heads ``h0 .. h0 + m`` of one row (``q``; ``out``: its output, [1, n_heads * dim])
     against kv head ``kh`` of its slot and layer (``keys``, ``values``: [position, kv_head, dim])
-    over positions ``0..n-1``: ``out = softmax(q·K / sqrt(d)) · V`` per head."""
+    over positions ``lo..lo+n-1``: ``out = softmax(scale · q·K) · V`` per head."""
     head_dim, stride = keys.shape[2], keys.shape[1] * keys.shape[2]
-    scale = np.float32(1.0 / np.sqrt(head_dim))
+    scale32 = np.float32(scale)
     scores, e = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
     q0 = h0 * head_dim
     for p in range(n):
-        sums = _dots(q, q0, keys, p * stride + kh * head_dim, head_dim, m)
+        sums = _dots(q, q0, keys, (lo + p) * stride + kh * head_dim, head_dim, m)
         for j in range(m):
-            scores[j, p] = sums[j] * scale
+            scores[j, p] = sums[j] * scale32
     inv = np.empty(HEADS, np.float32)
     for j in range(m):
         inv[j] = np.float32(1.0) / exp_from_peak(scores[j], e[j])
     for c in range(0, head_dim, 2 * LANES):
-        sums8 = _weighted(values, e, m, n, kh * head_dim, stride, c, head_dim)
+        sums8 = _weighted(values, e, m, n, lo * stride + kh * head_dim, stride, c, head_dim)
         for j in range(m):
             at = q0 + j * head_dim + c
             store_floats(out, 0, at, mul_float(sums8[2 * j], splat_float(inv[j])), head_dim - c)
@@ -151,7 +151,7 @@ def _attend_heads(q: np.ndarray, keys: np.ndarray, values: np.ndarray, n: int, h
 @nb.njit(parallel=True, **KERNEL)
 def _rows_parallel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int,
                    slots: np.ndarray, positions: np.ndarray, n_heads: int, group: int,
-                   out: np.ndarray) -> None:
+                   scale: float, window: int, out: np.ndarray) -> None:
     """Every row: one work item per row and block of up to HEADS query heads of one kv head,
     head-major: the threads split the items into equal runs, and a prompt's later rows cost more
     (more positions), so each run takes every row of its heads (row-major, one thread took the
@@ -163,17 +163,23 @@ def _rows_parallel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, laye
     for item in nb.prange(t_rows * n_kv * blocks):
         b, t = item // t_rows, item % t_rows
         kh, j0 = b // blocks, b % blocks * HEADS
-        s = slots[t]
-        _attend_heads(q[t], k_cache[s, layer], v_cache[s, layer], positions[t] + 1, kh * group + j0,
-                      min(HEADS, group - j0), kh, out[t : t + 1])
+        s, lo = slots[t], 0
+        if window > 0:
+            lo = max(0, positions[t] + 1 - window)
+        _attend_heads(q[t], k_cache[s, layer], v_cache[s, layer], lo, positions[t] + 1 - lo,
+                      kh * group + j0, min(HEADS, group - j0), kh, scale, out[t : t + 1])
 
 
 @nb.njit(**KERNEL)
 def attend(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int,
     slots: np.ndarray, positions: np.ndarray, n_heads: int, n_kv: int, out: np.ndarray,
+    scale: float = 0.0, window: int = 0,
 ) -> None:
-    """``out[t, head] = softmax(q·K / sqrt(d)) · V`` over the row's slot, causally.
+    """``out[t, head] = softmax(scale · q·K) · V`` over the row's slot, causally; ``scale`` 0:
+    ``1 / sqrt(head_dim)``. ``window`` > 0: a row at position p attends to positions
+    ``p - window + 1 .. p`` only (sliding-window layers: the work of a row is bounded by the
+    window, whatever the context), as llama.cpp's standard SWA masks them.
 
     Every row, decode or prompt, is computed on its own by the same compiled loop whatever the
     batch, so its bits are too: a prompt run whole, in chunks or token by token gives bitwise
@@ -185,5 +191,7 @@ def attend(
     BLAS products per run and head until 2026-12-04: their rows differed from the decode loop's
     in the last bits (8e-5 in the logits), which two activation levels then amplified."""
     # int64 indices whatever the caller's: one compiled loop, one set of bits
+    if scale == 0.0:
+        scale = 1.0 / np.sqrt(k_cache.shape[4])
     _rows_parallel(q, k_cache, v_cache, layer, slots.astype(np.int64), positions.astype(np.int64),
-                   n_heads, n_heads // n_kv, out)
+                   n_heads, n_heads // n_kv, scale, window, out)

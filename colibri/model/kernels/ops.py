@@ -137,6 +137,30 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> None:
             gate[t, i] = gate[t, i] / (np.float32(1.0) + e[i]) * up[t, i]
 
 
+# GELU's tanh form (Gemma's ``gelu_pytorch_tanh``, ggml's ``gelu``): 0.5 g (1 + tanh(√(2/π) (g + c g³))).
+_GELU_K = np.float32(0.7978845608028654)  # √(2/π)
+_GELU_C = np.float32(0.044715)
+
+
+@nb.njit(**KERNEL)
+def geglu(gate: np.ndarray, up: np.ndarray) -> None:
+    """``gate = gelu_tanh(gate) * up`` in place (GeGLU). tanh(|z|) = (1 - e) / (1 + e) with
+    ``e = exp(-2|z|)``: one vectorized exponential a value, as ``swiglu`` takes."""
+    t_rows, k = gate.shape
+    neg, e = np.empty(k, np.float32), np.empty(k, np.float32)
+    for t in range(t_rows):
+        for i in range(k):
+            g = gate[t, i]
+            neg[i] = np.float32(-2.0) * abs(_GELU_K * (g + _GELU_C * g * g * g))
+        exp_into(neg, e)
+        for i in range(k):
+            g = gate[t, i]
+            th = (np.float32(1.0) - e[i]) / (np.float32(1.0) + e[i])
+            if g + _GELU_C * g * g * g < 0:
+                th = -th
+            gate[t, i] = np.float32(0.5) * g * (np.float32(1.0) + th) * up[t, i]
+
+
 @nb.njit(**KERNEL)
 def add_into(x: np.ndarray, y: np.ndarray) -> None:
     """``x += y`` for 2-D float32 arrays (a loop numba fuses, with no temporary)."""

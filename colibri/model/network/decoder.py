@@ -1,16 +1,18 @@
 """The decoder loop that every architecture here shares; each architecture's module (``llama.py``,
-``qwen_moe.py``, ``glm4moe.py``) is a subclass that says how its layers differ (class attributes,
-``is_moe``), never a forward pass of its own.
+``dense.py``, ``gemma3.py``, ``qwen_moe.py``, ``glm4moe.py``) is a subclass that says how its
+layers differ (class attributes, ``is_moe``, ``is_sliding``), never a forward pass of its own.
 
 A layer: ``x += attention(rmsnorm(x))``, then ``x += ffn(rmsnorm(x, <ffn norm>))``, the FFN being a
-dense SwiGLU (one compiled call for the whole layer) or the layer's experts (the attention call, the
-routing, one call per distinct expert of the step; ``moe.py``). A forward step is a ragged batch:
+dense SwiGLU or GeGLU (one compiled call for the whole layer) or the layer's experts (the attention
+call, the routing, one call per distinct expert of the step; ``moe.py``). Where the architecture
+has post-norms (gemma3), each branch's output is normed before it is added. A forward step is a ragged batch:
 rows ``[0, n_direct)`` are decode rows, the rest prompt rows (which differ only for float and
 in-place block weights: packed matrices and attention take every row alike).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,9 +25,16 @@ from colibri.model.interface import StepTimes
 from colibri.model.kernels.ops import add_into, rope_frequencies
 from colibri.model.kv_cache import KVCache
 from colibri.model.network.embedding import Embedding, OutputHead
-from colibri.model.network.layers import AttnShape, attention_then_norm, dense_layer, load_attention, load_ffn
+from colibri.model.network.layers import (
+    FFNNorms,
+    LayerShape,
+    attention_then_norm,
+    dense_layer,
+    load_attention,
+    load_ffn,
+)
 from colibri.model.network.moe import GATING_SOFTMAX, load_moe_ffn, routing
-from colibri.model.network.weights import load_vector
+from colibri.model.network.weights import named_norm, optional_vector
 from colibri.store.experts import Budget, ExpertStore
 from colibri.store.gguf import GGUFFile
 
@@ -62,28 +71,71 @@ class Decoder:
     NORM_TOPK = True  # renormalise the top-k weights unless the file says (expert_weights_norm)
     NEOX = False  # RoPE on (i, i + d/2) pairs (NEOX) rather than adjacent ones
     FFN_NORM = "ffn_norm"  # the norm before the feed-forward
+    ATTN_POST_NORM = ""  # the norm of attention's output before the residual add ("": none)
+    FFN_POST_NORM = ""  # the norm of the feed-forward's output before the residual add
+    GELU = False  # the dense FFN is a GeGLU (tanh GELU) rather than a SwiGLU
+    # Sliding-window layers where the file gives no pattern: the period (its last layer global; 0:
+    # every layer local). None: the architecture has none, a window in its file ignored (llama.cpp
+    # ignores phi3's, and reads none for llama or qwen2).
+    SWA_PERIOD: int | None = None
 
     def is_moe(self, gguf: GGUFFile, hp: HParams, layer: int) -> bool:
         return f"blk.{layer}.ffn_gate_inp.weight" in gguf.tensors
+
+    @classmethod
+    def is_sliding(cls, hp: HParams, layer: int) -> bool:
+        """Whether a layer attends to a window of ``hp.sliding_window`` positions only: as the
+        file's pattern says (per layer, or a period whose last layer is global), else as the
+        architecture's period (llama.cpp's default)."""
+        if hp.sliding_window <= 0 or cls.SWA_PERIOD is None:
+            return False
+        pattern = hp.swa_pattern if hp.swa_pattern is not None else cls.SWA_PERIOD
+        if isinstance(pattern, tuple):
+            return layer < len(pattern) and pattern[layer]
+        return pattern == 0 or layer % pattern < pattern - 1
+
+    def query_scale(self, hp: HParams) -> float:
+        """The scale of q·k: the file's, else 1/sqrt(head_dim)."""
+        return hp.attention_scale or 1.0 / math.sqrt(hp.head_dim)
+
+    def embedding_scale(self, hp: HParams) -> float:
+        """What the token embeddings are multiplied by (gemma: sqrt(n_embd))."""
+        return 1.0
+
+    def layer_frequencies(self, hp: HParams, layer: int) -> np.ndarray:
+        """Layer i's inverse frequencies: the local base on sliding layers, the linear scaling on
+        the others, divided by the file's per-frequency factors (``rope_freqs``: Llama 3's
+        scaling, as the converter bakes it)."""
+        if self.is_sliding(hp, layer):
+            inv = rope_frequencies(hp.head_dim, hp.rope_dim, hp.rope_base_swa)
+        else:
+            inv = rope_frequencies(hp.head_dim, hp.rope_dim, hp.rope_base) / hp.rope_linear
+        return inv / self._rope_factors if self._rope_factors.shape[0] else inv
 
     def __init__(self, gguf: GGUFFile, hp: HParams, ram_budget: Budget = None) -> None:
         """``ram_budget``: bytes (or experts per MoE layer) the expert store's resident copies may take
         (None: no limit)."""
         self.hp = hp
         self.embedding = Embedding(gguf, hp.n_embd)
-        self.head = OutputHead(gguf, hp.n_embd, hp.norm_eps)
+        self.head = OutputHead(gguf, hp.n_embd, hp.norm_eps, hp.logit_softcap)
         self.experts = ExpertStore(gguf, hp.n_layers, hp.n_expert, hp.n_expert_used, ram_budget)
         rule = routing(hp, self.GATING, norm=self.NORM_TOPK)
+        self._rope_factors = optional_vector(gguf, "rope_freqs.weight").astype(np.float64)
+        self.embed_scale = np.float32(self.embedding_scale(hp))
         self.attn, self.ffn_norm, self.ffn, self.moe = [], [], [], []
+        self.shapes, self.inv_freq = [], []
         for i in range(hp.n_layers):
             p = f"blk.{i}."
-            self.attn.append(load_attention(gguf, i, hp))
-            self.ffn_norm.append(load_vector(gguf, p + self.FFN_NORM + ".weight"))
+            self.attn.append(load_attention(gguf, i, hp, self.ATTN_POST_NORM))
+            norms = FFNNorms(named_norm(gguf, p, self.FFN_NORM), named_norm(gguf, p, self.FFN_POST_NORM))
+            self.ffn_norm.append(norms)
             moe = self.is_moe(gguf, hp, i)
             self.moe.append(load_moe_ffn(gguf, i, rule, self.experts) if moe else None)
             self.ffn.append(None if moe else load_ffn(gguf, p))
-        self.shape = AttnShape(hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.norm_eps, self.NEOX)
-        self.inv_freq = rope_frequencies(hp.head_dim, hp.rope_dim, hp.rope_base)
+            window = hp.sliding_window if self.is_sliding(hp, i) else 0
+            self.shapes.append(LayerShape(hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.norm_eps, self.NEOX,
+                                          self.query_scale(hp), window, self.GELU))
+            self.inv_freq.append(self.layer_frequencies(hp, i))
         alike = (same_types(dense_layer, self.attn) and same_types(dense_layer, self.ffn_norm)
                  and same_types(dense_layer, [f for f in self.ffn if f is not None]))
         self.dense_layer = Entry(dense_layer) if alike else dense_layer
@@ -104,13 +156,18 @@ class Decoder:
         positions = np.ascontiguousarray(positions, np.int64).reshape(-1)
         n_direct = int(n_direct)
         try:
-            x = self.embedding(tokens) if embeds is None else np.array(embeds, np.float32, order="C")
+            if embeds is None:  # (soft inputs enter as they are, as llama.cpp takes them)
+                x = self.embedding(tokens)
+                if self.embed_scale != 1:
+                    x *= self.embed_scale
+            else:
+                x = np.array(embeds, np.float32, order="C")
             if x.ndim != 2 or x.shape[1] != self.hp.n_embd:
                 raise ValueError(f"soft input rows must be [rows, {self.hp.n_embd}], got {list(x.shape)}")
             h = np.empty_like(x)
             t_attn = 0.0
             for i in range(self.hp.n_layers):
-                args = (self.shape, kv.k, kv.v, i, slots, positions, self.inv_freq, n_direct)
+                args = (self.shapes[i], kv.k, kv.v, i, slots, positions, self.inv_freq[i], n_direct)
                 if self.moe[i] is None:
                     self.dense_layer(x, self.attn[i], self.ffn_norm[i], self.ffn[i], *args)
                 else:

@@ -17,17 +17,18 @@ import numpy as np
 
 from colibri.model.hparams import HParams
 from colibri.model.kernels.attention import attend, store_kv
-from colibri.model.kernels.ops import add_bias, add_into, rmsnorm, rmsnorm_heads, rope, swiglu
+from colibri.model.kernels.ops import add_bias, add_into, geglu, rmsnorm, rmsnorm_heads, rope, swiglu
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.model.network.weights import (
     load_stack_or_apart,
     load_vector,
     load_weight,
+    named_norm,
     optional_vector,
     stacked_bias,
 )
 from colibri.store.gguf import GGUFFile
-from colibri.store.packed import SwiGLUWeights, Weight
+from colibri.store.packed import EMPTY_WEIGHT, SwiGLUWeights, Weight
 
 # -- attention -------------------------------------------------------------------------------------
 
@@ -39,46 +40,59 @@ class Attention(NamedTuple):
     norm: np.ndarray  # RMSNorm before attention
     wqkv: Weight  # q, k and v stacked by rows: one matmul; or q and k, where v is apart
     wv: Weight  # v where its format would widen the stack (``load_stack_or_apart``); else empty
-    bqkv: np.ndarray  # their biases, stacked (qwen2moe, glm4moe); empty: none
-    q_norm: np.ndarray  # per-head RMSNorm of q and k before RoPE (qwen3moe, glm4moe); empty: none
+    bqkv: np.ndarray  # their biases, stacked (qwen2, qwen2moe, glm4moe); empty: none
+    q_norm: np.ndarray  # per-head RMSNorm of q and k before RoPE (qwen3, gemma3, glm4moe); empty: none
     k_norm: np.ndarray
     wo: Weight
+    post_norm: np.ndarray  # RMSNorm of the output before the residual add (gemma3); empty: none
 
 
-class AttnShape(NamedTuple):
-    """The integers and floats attention needs, as one argument."""
+class LayerShape(NamedTuple):
+    """The integers, floats and switches of one layer, as one argument (one per layer: a
+    sliding-window layer differs from a global one)."""
 
     n_heads: int
     n_kv: int
     head_dim: int
     eps: float
     neox: bool  # NEOX RoPE (pairs i, i + rope_dim/2) instead of llama's adjacent pairs
+    scale: float  # of q·k: 1/sqrt(head_dim) unless the architecture says otherwise
+    window: int  # > 0: a sliding-window layer, each row attending to its last ``window`` positions
+    gelu: bool  # the FFN is a GeGLU (tanh GELU), not a SwiGLU (gemma3)
 
 
-def load_attention(gguf: GGUFFile, i: int, hp: HParams) -> Attention:
-    """Layer i's attention with llama.cpp's tensor names; biases and q/k norms when present."""
+def load_attention(gguf: GGUFFile, i: int, hp: HParams, post_norm: str = "") -> Attention:
+    """Layer i's attention with llama.cpp's tensor names: q, k and v apart or fused (``attn_qkv``,
+    phi3); biases, q/k norms when present; ``post_norm``: the output's norm's name, if any."""
     p = f"blk.{i}."
     q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
-    wqkv, wv = load_stack_or_apart(gguf, *(p + f"attn_{x}.weight" for x in "qkv"))
+    if p + "attn_qkv.weight" in gguf.tensors:
+        wqkv, wv = load_weight(gguf, p + "attn_qkv.weight"), EMPTY_WEIGHT
+        bqkv = optional_vector(gguf, p + "attn_qkv.bias")
+    else:
+        wqkv, wv = load_stack_or_apart(gguf, *(p + f"attn_{x}.weight" for x in "qkv"))
+        bqkv = stacked_bias(gguf, [p + f"attn_{x}.bias" for x in "qkv"], [q_dim, kv_dim, kv_dim])
     return Attention(
         norm=load_vector(gguf, p + "attn_norm.weight"),
         wqkv=wqkv,
         wv=wv,
-        bqkv=stacked_bias(gguf, [p + f"attn_{x}.bias" for x in "qkv"], [q_dim, kv_dim, kv_dim]),
+        bqkv=bqkv,
         q_norm=optional_vector(gguf, p + "attn_q_norm.weight"),
         k_norm=optional_vector(gguf, p + "attn_k_norm.weight"),
         wo=load_weight(gguf, p + "attn_output.weight"),
+        post_norm=named_norm(gguf, p, post_norm),
     )
 
 
 @nb.njit(nogil=True, cache=True)
 def attention(
-    x: np.ndarray, a: Attention, sh: AttnShape, k_cache: np.ndarray, v_cache: np.ndarray,
+    x: np.ndarray, a: Attention, sh: LayerShape, k_cache: np.ndarray, v_cache: np.ndarray,
     layer: int, slots: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, n_direct: int,
     h: np.ndarray,
 ) -> None:
-    """``x += wo · attend(rope(q), rope(k), v)`` over rmsnorm(x), in place; every row writes its
-    key and value into its slot first. ``h`` (T, n_embd) is scratch."""
+    """``x += wo · attend(rope(q), rope(k), v)`` over rmsnorm(x), in place (the sum normed first
+    where the layer has a post-norm); every row writes its key and value into its slot first.
+    ``h`` (T, n_embd) is scratch."""
     t_rows = x.shape[0]
     q_dim, kv_dim = sh.n_heads * sh.head_dim, sh.n_kv * sh.head_dim
     rmsnorm(x, a.norm, sh.eps, h)
@@ -104,60 +118,87 @@ def attention(
     rope(k, positions, sh.n_kv, sh.head_dim, inv_freq, sh.neox)
     store_kv(k, v, k_cache, v_cache, layer, slots, positions, sh.n_kv, sh.head_dim)
     attn = np.empty((t_rows, q_dim), np.float32)
-    attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, attn)
+    attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, attn, sh.scale, sh.window)
     qmatmul(attn, a.wo, h, n_direct)
-    add_into(x, h)
+    add_normed(x, h, a.post_norm, sh.eps)
+
+
+@nb.njit(nogil=True, cache=True)
+def add_normed(x: np.ndarray, y: np.ndarray, norm: np.ndarray, eps: float) -> None:
+    """``x += rmsnorm(y, norm)``, or ``x += y`` where ``norm`` is empty (no post-norm)."""
+    if norm.shape[0] > 0:
+        normed = np.empty_like(y)
+        rmsnorm(y, norm, eps, normed)
+        add_into(x, normed)
+    else:
+        add_into(x, y)
 
 
 # -- feed-forward ----------------------------------------------------------------------------------
 
 
-# A SwiGLU feed-forward: a dense layer's FFN, a shared expert, and a routed expert (the expert
+# A gated feed-forward: a dense layer's FFN, a shared expert, and a routed expert (the expert
 # store hands out the same type), so numba compiles ``swiglu_ffn`` once for all three.
 FFN = SwiGLUWeights
 
 
 def load_ffn(gguf: GGUFFile, prefix: str, suffix: str = "") -> FFN:
-    """``{prefix}ffn_gate{suffix}.weight`` etc.: suffix "" (dense) or "_shexp" (shared expert)."""
+    """``{prefix}ffn_gate{suffix}.weight`` etc.: suffix "" (dense) or "_shexp" (shared expert).
+    Without ``ffn_gate``, ``ffn_up`` holds gate and up stacked (phi3's fused ``gate_up_proj``)."""
+    up = f"{prefix}ffn_up{suffix}.weight"
+    gate = f"{prefix}ffn_gate{suffix}.weight"
     return FFN(
-        gate_up=load_weight(gguf, f"{prefix}ffn_gate{suffix}.weight", f"{prefix}ffn_up{suffix}.weight"),
+        gate_up=load_weight(gguf, gate, up) if gate in gguf.tensors else load_weight(gguf, up),
         down=load_weight(gguf, f"{prefix}ffn_down{suffix}.weight"),
     )
 
 
 @nb.njit(nogil=True, cache=True)
-def swiglu_ffn(h: np.ndarray, gate_up: Weight, down: Weight, n_direct: int, out: np.ndarray) -> None:
-    """``out = down(silu(gate · h) * (up · h))`` for every row of ``h``."""
+def swiglu_ffn(h: np.ndarray, gate_up: Weight, down: Weight, n_direct: int, out: np.ndarray,
+               gelu: bool = False) -> None:
+    """``out = down(silu(gate · h) * (up · h))`` for every row of ``h``; ``gelu``: tanh GELU in
+    place of silu (GeGLU)."""
     n_ff = gate_up.n_rows // 2
     gu = np.empty((h.shape[0], 2 * n_ff), np.float32)
     qmatmul(h, gate_up, gu, n_direct)
     gate = np.ascontiguousarray(gu[:, :n_ff])
-    swiglu(gate, gu[:, n_ff:])
+    if gelu:
+        geglu(gate, gu[:, n_ff:])
+    else:
+        swiglu(gate, gu[:, n_ff:])
     qmatmul(gate, down, out, n_direct)
+
+
+class FFNNorms(NamedTuple):
+    """The norms around a layer's feed-forward: before it, and of its output before the residual
+    add (gemma3; empty: none)."""
+
+    pre: np.ndarray
+    post: np.ndarray
 
 
 @nb.njit(nogil=True, cache=True)
 def dense_layer(
-    x: np.ndarray, a: Attention, ffn_norm: np.ndarray, f: FFN, sh: AttnShape, k_cache: np.ndarray,
+    x: np.ndarray, a: Attention, norms: FFNNorms, f: FFN, sh: LayerShape, k_cache: np.ndarray,
     v_cache: np.ndarray, layer: int, slots: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray,
     n_direct: int,
 ) -> None:
     """A whole dense layer in one compiled call: attention, then ``x += ffn(rmsnorm(x))``."""
     h = np.empty_like(x)
     attention(x, a, sh, k_cache, v_cache, layer, slots, positions, inv_freq, n_direct, h)
-    rmsnorm(x, ffn_norm, sh.eps, h)
+    rmsnorm(x, norms.pre, sh.eps, h)
     out = np.empty_like(x)
-    swiglu_ffn(h, f.gate_up, f.down, n_direct, out)
-    add_into(x, out)
+    swiglu_ffn(h, f.gate_up, f.down, n_direct, out, sh.gelu)
+    add_normed(x, out, norms.post, sh.eps)
 
 
 @nb.njit(nogil=True, cache=True)
 def attention_then_norm(
-    x: np.ndarray, a: Attention, ffn_norm: np.ndarray, sh: AttnShape, k_cache: np.ndarray,
+    x: np.ndarray, a: Attention, norms: FFNNorms, sh: LayerShape, k_cache: np.ndarray,
     v_cache: np.ndarray, layer: int, slots: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray,
     n_direct: int, h: np.ndarray,
 ) -> None:
     """The first half of a MoE layer in one compiled call: attention on ``x``, then
     ``h = rmsnorm(x)``, the input of the experts."""
     attention(x, a, sh, k_cache, v_cache, layer, slots, positions, inv_freq, n_direct, h)
-    rmsnorm(x, ffn_norm, sh.eps, h)
+    rmsnorm(x, norms.pre, sh.eps, h)

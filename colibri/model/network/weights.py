@@ -10,7 +10,7 @@ from colibri.store.blocks import dequantize_row
 from colibri.store.gguf import GGUFFile
 from colibri.store.packed import EMPTY_WEIGHT, KIND_BLOCKS, Weight, make_weight, packed_nbytes
 
-_EMPTY = np.zeros(0, np.float32)
+EMPTY_VECTOR = np.zeros(0, np.float32)  # an optional vector the file lacks: length 0, one numba type
 # The packed matrices of every model this process loads: they live as long as their model, in
 # huge pages where the kernel gives them (``arena.py``: a decode step streams them all).
 LIFETIME = Arena()
@@ -63,14 +63,20 @@ def load_matrix(gguf: GGUFFile, name: str) -> np.ndarray:
 
 def optional_vector(gguf: GGUFFile, name: str) -> np.ndarray:
     """``load_vector``, or an empty vector when the file has no such tensor."""
-    return load_vector(gguf, name) if name in gguf.tensors else _EMPTY
+    return load_vector(gguf, name) if name in gguf.tensors else EMPTY_VECTOR
+
+
+def named_norm(gguf: GGUFFile, prefix: str, name: str) -> np.ndarray:
+    """The norm ``{prefix}{name}.weight`` an architecture has (it must be in the file), or an
+    empty vector for an architecture without one (``name`` "")."""
+    return load_vector(gguf, f"{prefix}{name}.weight") if name else EMPTY_VECTOR
 
 
 def stacked_bias(gguf: GGUFFile, names: list[str], sizes: list[int]) -> np.ndarray:
     """Biases of row-stacked matrices (q, k, v), stacked the same way; empty when none exists, zeros
     for a part that has none."""
     if not any(n in gguf.tensors for n in names):
-        return _EMPTY
+        return EMPTY_VECTOR
     return np.concatenate([
         load_vector(gguf, n) if n in gguf.tensors else np.zeros(size, np.float32)
         for n, size in zip(names, sizes, strict=True)

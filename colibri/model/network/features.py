@@ -1,0 +1,46 @@
+"""What ``coli info`` says of a file's architecture: the variants its layers use, read from the
+metadata and the tensors present (no weights loaded), in the words the docs use."""
+
+from __future__ import annotations
+
+from colibri.model.hparams import HParams
+from colibri.model.network.decoder import Decoder
+from colibri.store.gguf import GGUFFile
+
+
+def _any(gguf: GGUFFile, suffix: str) -> bool:
+    return any(name.endswith(suffix) for name in gguf.tensors)
+
+
+def features(gguf: GGUFFile, hp: HParams, arch: type[Decoder]) -> list[str]:
+    """The architecture's features, one short phrase each."""
+    out = []
+    sliding = [i for i in range(hp.n_layers) if arch.is_sliding(hp, i)]
+    if sliding:
+        base = f" (local rope base {hp.rope_base_swa:g})" if hp.rope_base_swa != hp.rope_base else ""
+        out.append(f"sliding window {hp.sliding_window} on {len(sliding)} of {hp.n_layers} layers{base}")
+    if _any(gguf, "attn_q_norm.weight"):
+        out.append("q/k norms")
+    if _any(gguf, "attn_q.bias") or _any(gguf, "attn_qkv.bias"):
+        out.append("q/k/v biases")
+    if _any(gguf, "attn_qkv.weight"):
+        out.append("fused qkv")
+    if hp.n_expert == 0 and not _any(gguf, "ffn_gate.weight") and _any(gguf, "ffn_up.weight"):
+        out.append("fused gate/up")
+    if arch.ATTN_POST_NORM or arch.FFN_POST_NORM:
+        out.append("post-norms")
+    out.append("GeGLU (tanh GELU)" if arch.GELU else "SwiGLU")
+    out.append("NEOX rope" if arch.NEOX else "rope on adjacent pairs")
+    if hp.rope_dim < hp.head_dim:
+        out.append(f"partial rotary ({hp.rope_dim} of {hp.head_dim})")
+    if hp.rope_linear != 1.0:
+        out.append(f"linear rope scaling x{hp.rope_linear:g}")
+    if "rope_freqs.weight" in gguf.tensors:
+        out.append("rope frequency factors (Llama 3 scaling)")
+    if hp.logit_softcap:
+        out.append(f"logit softcap {hp.logit_softcap:g}")
+    if hp.n_expert:
+        out.append(f"{hp.n_expert} experts, top {hp.n_expert_used}")
+    if "output.weight" not in gguf.tensors:
+        out.append("tied embeddings")
+    return out
