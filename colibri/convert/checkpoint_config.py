@@ -20,6 +20,10 @@ DEFAULT_ROPE_THETA = 10000.0  # transformers' default when a config names none
 ROPE_KEYS = ("rope_parameters", "rope_scaling")  # transformers 5's name, then transformers 4's
 # Keys that may sit at the top level or inside the rope dict (transformers 5 moved them in).
 ROPE_MOVED = ("rope_theta", "partial_rotary_factor")
+# transformers 5's rope settings per layer type (Gemma 3): global layers, then local ones.
+GLOBAL_LAYERS, LOCAL_LAYERS = "full_attention", "sliding_attention"
+# transformers 4's name for the local layers' rope base (Gemma 3).
+LOCAL_ROPE_THETA = "rope_local_base_freq"
 
 
 class ConvertError(ColibriError):
@@ -55,10 +59,35 @@ def read_rope(raw: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def split_layer_ropes(raw: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """For a model with global and local (sliding-window) layers: config.json with the global
+    layers' rope settings where every other model has its one rope, and the local layers' settings
+    (``rope_type`` and ``rope_theta``; empty when the config names none). transformers 5 writes
+    both inside ``rope_parameters``, transformers 4 the local base as ``rope_local_base_freq``."""
+    out = dict(raw)
+    params = raw.get("rope_parameters")
+    if isinstance(params, Mapping) and (GLOBAL_LAYERS in params or LOCAL_LAYERS in params):
+        unknown = sorted(k for k in params if k not in (GLOBAL_LAYERS, LOCAL_LAYERS))
+        if unknown:
+            raise ConvertError(f"config.json: rope_parameters has settings of unknown layer types {unknown}")
+        out["rope_parameters"] = params.get(GLOBAL_LAYERS)
+        local = params.get(LOCAL_LAYERS) or {}
+        if not isinstance(local, Mapping):
+            raise ConvertError(f"config.json: rope_parameters.{LOCAL_LAYERS} is {local!r}, not an object")
+        return out, read_rope({"rope_parameters": local})
+    theta = raw.get(LOCAL_ROPE_THETA)
+    return out, {} if theta is None else {"rope_type": "default", "rope_theta": theta}
+
+
 class Config:
     """config.json, with the lookups every architecture needs and errors that name the key."""
 
-    def __init__(self, raw: Mapping[str, Any]) -> None:
+    def __init__(self, raw: Mapping[str, Any], layer_ropes: bool = False) -> None:
+        """``layer_ropes``: the model has global and local layers with their own ropes
+        (``rope`` is then the global layers', ``rope_local`` the local layers')."""
+        self.rope_local: dict[str, Any] = {}
+        if layer_ropes:
+            raw, self.rope_local = split_layer_ropes(raw)
         self.raw = dict(raw)
         self.rope = read_rope(raw)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import gguf
 
-from colibri.convert.architectures import ConvertError
+from colibri.convert.checkpoint_config import ConvertError
 
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"

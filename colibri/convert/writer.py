@@ -22,10 +22,12 @@ import gguf
 import numpy as np
 
 from colibri.convert import DEFAULT_TYPE, TYPE_NAMES
-from colibri.convert.architectures import ConvertError, Plan, TensorPlan, make_plan
+from colibri.convert.architectures import make_plan
+from colibri.convert.checkpoint_config import ConvertError
 from colibri.convert.mixture import ModelFacts, mixture_type
+from colibri.convert.plan import Plan, TensorPlan
 from colibri.convert.safetensors import Checkpoint
-from colibri.convert.vocab import load_vocab
+from colibri.convert.vocab import SPM_MODEL, load_vocab
 from colibri.store.formats import GGMLType, quantize, row_nbytes
 from colibri.store.numerics import BLOCK
 
@@ -95,11 +97,15 @@ def chunks(ckpt: Checkpoint, t: TensorPlan) -> Iterator[np.ndarray]:
     """The tensor's values as float32 (rows, cols) chunks, in file order, expert by expert. The
     source's pages are dropped from this process after every chunk (a view of them stays valid:
     it faults them back in from the page cache), so a huge tensor is never resident whole."""
+    if t.values is not None:  # computed from the config (Llama 3's rope_freqs)
+        yield np.array(t.values, dtype=np.float32).reshape(1, -1)
+        return
     if len(t.shape) == 1:  # a vector: one row, permuted element-wise (a llama q/k bias)
         (src,) = t.sources
         order = src.row_order(t.shape[0])
         row = ckpt.rows(src.name, 0, 1, src.expert).reshape(1, -1)
-        yield row if order is None else row[:, order]
+        row = row if order is None else row[:, order]
+        yield row + np.float32(src.shift) if src.shift else row  # Gemma's norms: 1 + w
         ckpt.release(src.name)
         return
     rows, cols = t.part_shape
@@ -188,6 +194,8 @@ def convert(
     try:
         plan = make_plan(config, {n: e.shape for n, e in ckpt.entries.items()})
         vocab = load_vocab(hf_dir, config, plan.n_vocab)
+        if plan.add_space_prefix is not None and vocab.model == SPM_MODEL:
+            vocab.add_space_prefix = plan.add_space_prefix
         for line in [*plan.warnings, *([vocab.warning] if vocab.warning else [])]:
             if warn is not None:
                 warn(line)
