@@ -187,3 +187,37 @@ def make_wide_moe(d: Path, seed: int = 0, layer_std: float = 0.75, output_std: f
             t |= swiglu(f"{p}mlp.experts.{e}.", cfg["moe_intermediate_size"])
     write_safetensors(d / "model.safetensors", {n: a.astype(np.float32) for n, a in t.items()})
     return d
+
+
+# --- the dense checkpoints and llama.cpp's own conversion of each (tools/make_tiny_dense.py) -------
+
+# Made by tools/make_tiny_dense.py, each with llama.cpp's converter's f32 output beside it.
+DENSE = ["qwen2", "qwen3", "gemma3", "phi3", "phi3_longrope", "llama3"]
+LLAMA_CPP_GGUF = "llama_cpp.gguf"
+# max |logits - reference| / max |reference|: what an f32 file computed in float32 must meet.
+DENSE_LOGIT_TOLERANCE = 1e-4
+
+
+def logit_error(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest logit error relative to the reference's scale (its largest magnitude)."""
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
+
+
+def dense_conversions(out_dir: Path) -> list[tuple[str, Path, Path, dict[str, np.ndarray]]]:
+    """For each dense checkpoint: (name, ``coli convert``'s f32 output written into ``out_dir``,
+    llama.cpp's converter's f32 output, the reference arrays of reference.npz).
+
+    The arrays: ``prompt_ids``, ``logits`` (the prompt's), ``greedy_ids``, ``full_logits`` (prompt
+    plus greedy continuation, one pass), all transformers' in float32. Two checkpoints add what a
+    peer computes differently: gemma3's ``full_logits_gelu_f16``, with the GELU rounded as ggml's
+    CPU table rounds it (llama.cpp meets it within 1e-5, but ``full_logits`` only within ~3e-4), and
+    phi3_longrope's ``full_logits_long``, with the long rope factors, which transformers uses past
+    the original context (256) and llama.cpp in a context above it (``full_logits`` holds the short
+    ones: llama.cpp uses them in a context of up to 256)."""
+    out = []
+    for name in DENSE:
+        path = out_dir / f"{name}.gguf"
+        assert main(["convert", str(TINY / name), "-o", str(path), "--type", "f32"]) == 0
+        with np.load(TINY / name / "reference.npz") as npz:
+            out.append((name, path, TINY / name / LLAMA_CPP_GGUF, dict(npz)))
+    return out
