@@ -15,8 +15,13 @@ import pytest
 from convert_harness import (
     DENSE,
     DENSE_LOGIT_TOLERANCE,
+    LLAMA_CPP_GGUF,
     TINY,
+    assert_one_error,
+    coli_convert,
+    copy_tiny,
     dense_conversions,
+    edit_config,
     logit_error,
     read_checkpoint,
     values,
@@ -161,3 +166,42 @@ def test_llama_cpp_tokenizes_the_prompt_text(conversions, name: str) -> None:
     for path in conversions[name][:2]:
         llm = llama_cpp.Llama(str(path), n_ctx=64, vocab_only=True, verbose=False)
         assert llm.tokenize(text.encode(), add_bos=True) == conversions[name][2]["prompt_ids"].tolist()
+
+
+def test_gemma3_as_transformers_4_wrote_it(capsys, tmp_path: Path) -> None:
+    """transformers 4's spelling of Gemma 3's ropes and layers (top-level rope_theta,
+    rope_local_base_freq, rope_scaling, sliding_window_pattern) gives the same file."""
+    d = copy_tiny("gemma3", tmp_path)
+    cfg = json.loads((d / "config.json").read_text())
+    ropes = cfg.pop("rope_parameters")
+    del cfg["layer_types"]
+    glob, local = ropes["full_attention"], ropes["sliding_attention"]
+    cfg |= {"rope_theta": glob["rope_theta"], "rope_local_base_freq": local["rope_theta"],
+            "rope_scaling": {"rope_type": glob["rope_type"], "factor": glob["factor"]},
+            "sliding_window_pattern": 6}
+    (d / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "old.gguf"
+    rc, _, err = coli_convert(capsys, d, out, "--type", "f32")
+    assert rc == 0, err
+    assert hparams(GGUFFile(out)) == hparams(GGUFFile(TINY / "gemma3" / LLAMA_CPP_GGUF))
+
+
+@pytest.mark.parametrize(("name", "changes", "needle"), [
+    ("gemma3", {"layer_types": ["sliding_attention"] * 3 + ["full_attention"] * 3}, "layer_types"),
+    ("gemma3", {"query_pre_attn_scalar": 32}, "query_pre_attn_scalar is 32"),
+    ("gemma3", {"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+    ("gemma3", {"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+    ("llama3", {"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}},
+     "needs a number low_freq_factor"),
+    ("phi3", {"original_max_position_embeddings": None}, "original_max_position_embeddings"),
+    ("phi3_longrope", {"rope_parameters": {"rope_type": "longrope", "long_factor": [1.0],
+                                           "short_factor": [1.0], "partial_rotary_factor": 0.75}},
+     "long_factor must list 6 numbers"),
+    ("qwen2", {"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "rope scaling 'llama3'"),
+])
+def test_what_llama_cpp_could_not_compute_is_refused(capsys, tmp_path: Path, name: str, changes: dict,
+                                                      needle: str) -> None:
+    """A config.json that the file llama.cpp reads would not follow stops with one line."""
+    d = copy_tiny(name, tmp_path)
+    edit_config(d, **changes)
+    assert_one_error(capsys, d, tmp_path / "x.gguf", needle)
