@@ -10,11 +10,14 @@ the conversation: a system message and two earlier turns whose replies are writt
 ``<think>\\n…\\n</think>\\n\\nanswer``, which it copies under greedy decoding. What that shows is the
 server's side (the split, the shapes, the switches), on a real model's real token stream (the tags
 arrive cut into several tokens: ``</`` ``think`` ``>``); how a real thinking model writes its
-block is the model's. The parser's every case, on chosen text: tests/test_reasoning.py.
+block is the model's. The same forcing makes it call a tool after reasoning (the Qwen3-style
+template renders tools and Hermes ``<tool_call>`` markers). The parser's every case, on chosen
+text: tests/test_reasoning.py.
 """
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -23,8 +26,20 @@ import pytest
 from langchain_openai import ChatOpenAI
 from serve_harness import running_server
 
+# Qwen3's shape, shortened: its tools and Hermes markers too (a tool call after the reasoning).
 QWEN3_STYLE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{%- if tools %}<|im_start|>system\nYou may call tools.\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
+    "Return each call within <tool_call></tool_call> tags.<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n{{ m.content }}"
+    "{% for tc in m.tool_calls %}<tool_call>\n"
+    '{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}\n'
+    "</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
     "{% endif %}"
@@ -197,6 +212,48 @@ def test_qwen3_style_langchain_responses_api_reads_the_reasoning(qwen3):
     assert [b["type"] for b in blocks] == ["reasoning", "text"], blocks
     assert blocks[0]["content"] == [{"type": "reasoning_text", "text": message.reasoning_content}]
     assert blocks[1]["text"] == message.content
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def tool_shots() -> list[dict]:
+    """Three earlier turns that reason, then call the tool, then answer from its result (with two,
+    the model repeats its reasoning instead of calling)."""
+    turns: list[dict] = []
+    for n, (city, sky) in enumerate((("Paris", "sunny"), ("Oslo", "rainy"), ("Lima", "cloudy"))):
+        call = {"id": f"call_{n}", "type": "function",
+                "function": {"name": "get_weather", "arguments": f'{{"city": "{city}"}}'}}
+        turns += [
+            {"role": "user", "content": f"Weather in {city}?"},
+            {"role": "assistant", "tool_calls": [call],
+             "content": "<think>\nThe user wants the weather. I call the tool.\n</think>\n\n"},
+            {"role": "tool", "tool_call_id": f"call_{n}", "content": sky},
+            {"role": "assistant", "content": f"<think>\nThe tool says {sky}.\n</think>\n\nIt is {sky}."},
+        ]
+    return [*turns, {"role": "user", "content": "Weather in Rome?"}]
+
+
+def test_qwen3_style_tool_call_after_reasoning(qwen3):
+    """The template's own tools (``auto``: free output, the markers parsed back): the reasoning
+    goes to ``reasoning_content``, the ``<tool_call>`` after it becomes ``tool_calls``, plain and
+    streamed (the SDK's chunks, the calls in one delta at the end)."""
+    request = {"model": qwen3.model_id, "messages": tool_shots(), "tools": [WEATHER], "temperature": 0,
+               "max_tokens": 60}
+    with qwen3.client() as client:
+        reply = client.chat.completions.create(**request)
+        chunks = list(client.chat.completions.create(**request, stream=True))
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "tool_calls", message
+    assert message.reasoning_content and "<tool_call>" not in message.reasoning_content
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        ("get_weather", {"city": "Rome"})]
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == message.reasoning_content
+    calls = [c for d in deltas for c in d.tool_calls or []]
+    assert [c.function.name for c in calls] == ["get_weather"]
 
 
 # ---------------------------------------------------------------- R1-style: the prompt opens it
