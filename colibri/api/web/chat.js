@@ -83,7 +83,7 @@ async function send() {
     state.pendingSend = true;
     return;
   }
-  const nothing = turn.stopped && !reply.text && !reply.reasoning;
+  const nothing = turn.stopped && !reply.text && !reply.reasoning.text;
   const failure = turn.error || (nothing ? "Stopped before the answer began." : "");
   if (failure) {
     reply.fail(failure);
@@ -127,7 +127,7 @@ async function exchange(body, reply) {
     for await (const chunk of chatChunks(res.body)) {
       record(turn, chunk);
       if (chunk.piece || chunk.reasoning) el.liveTokens.textContent = String(turn.pieces);
-      if (chunk.reasoning) reply.think(chunk.reasoning);
+      if (chunk.reasoning) reply.reasoning.add(chunk.reasoning);
       if (chunk.piece) reply.append(chunk.piece);
     }
   } catch (err) {

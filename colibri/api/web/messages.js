@@ -25,17 +25,33 @@ export function addUser(text) {
   return div;
 }
 
-/** A thinking model's reasoning, folded above the answer: a <details> the reader opens. Plain
- *  text (whitespace kept), never markup. */
-function reasoningBlock() {
-  const details = document.createElement("details");
-  details.className = "reasoning";
-  const summary = document.createElement("summary");
-  summary.textContent = "Thinking…";
-  const text = document.createElement("div");
-  text.className = "reasoning-text";
-  details.append(summary, text);
-  return { details, summary, text };
+/** A thinking model's reasoning, folded above the answer ``body`` of ``div``: a closed <details>
+ *  the reader opens, made when the first reasoning comes. Plain text (whitespace kept), never
+ *  markup. */
+function foldedReasoning(div, body) {
+  let text = "";
+  let el = null;
+  return {
+    get text() {
+      return text;
+    },
+    add(piece) {
+      if (!el) {
+        el = { details: document.createElement("details"), summary: document.createElement("summary") };
+        el.details.className = "reasoning";
+        el.summary.textContent = "Thinking…";
+        el.text = document.createElement("div");
+        el.text.className = "reasoning-text";
+        el.details.append(el.summary, el.text);
+        div.insertBefore(el.details, body);
+      }
+      text += piece;
+      stickyScroll(() => (el.text.textContent = text)); // plain text: cheap to set per piece
+    },
+    settle() {
+      if (el) el.summary.textContent = "Reasoning";
+    },
+  };
 }
 
 /** The assistant's message: its text re-rendered at most once a frame while it streams, and a
@@ -47,42 +63,27 @@ export function startReply() {
   body.className = "body";
   div.append(body);
   stickyScroll(() => list().append(div));
+  const reasoning = foldedReasoning(div, body);
   let text = "";
-  let reasoning = "";
-  let block = null; // the folded reasoning, once some came
   let frame = 0;
-  const render = () => {
+  const render = () => { // the answer's text: once it shows (or the reply ended), the reasoning is whole
     frame = 0;
-    stickyScroll(() => {
-      body.replaceChildren(renderMarkdown(text));
-      if (block) block.text.textContent = reasoning;
-    });
+    reasoning.settle();
+    stickyScroll(() => body.replaceChildren(renderMarkdown(text)));
   };
   return {
     div,
+    reasoning, // a thinking model's: add(piece) as it comes; .text
     get text() {
       return text;
     },
-    get reasoning() {
-      return reasoning;
-    },
-    think(piece) {
-      if (!block) {
-        block = reasoningBlock();
-        div.insertBefore(block.details, body);
-      }
-      reasoning += piece;
-      if (!frame) frame = requestAnimationFrame(render);
-    },
     append(piece) {
       text += piece;
-      if (block) block.summary.textContent = "Reasoning";
       if (!frame) frame = requestAnimationFrame(render);
     },
     end() {
       if (frame) cancelAnimationFrame(frame);
       render();
-      if (block) block.summary.textContent = "Reasoning";
       div.classList.remove("streaming");
     },
     fail(message) {
