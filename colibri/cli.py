@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -17,7 +16,7 @@ import numpy as np
 
 from colibri import __version__, settings
 from colibri.errors import ColibriError, ConfigError
-from colibri.store.gguf import GGUFError, GGUFFile, TensorInfo
+from colibri.store.gguf import GGUFError, GGUFFile
 
 
 def _ids(text: str) -> list[int]:
@@ -144,51 +143,10 @@ def cmd_tokenize(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from colibri.model.hparams import HParams
-    from colibri.model.loader import architecture_features
+    from colibri.model.file_info import describe
 
-    gguf = GGUFFile(settings.model_path(args))
-    hp = HParams.from_gguf(gguf)
-    types = Counter(t.gtype.name for t in gguf.tensors.values())
-    n_params = sum(t.n_elements for t in gguf.tensors.values())
-    print(f"file          {gguf.path} ({gguf.file_size / 2**20:.1f} MiB, GGUF v{gguf.version})")
-    print(f"name          {gguf.get('general.name', '?')}")
-    print(f"architecture  {hp.arch}")
-    print(f"parameters    {n_params / 1e6:.1f} M")
-    print(f"layers        {hp.n_layers}")
-    print(f"embedding     {hp.n_embd}")
-    print(f"feed-forward  {hp.n_ff}")
-    print(f"heads         {hp.n_heads} (kv {hp.n_kv_heads}, dim {hp.head_dim})")
-    print(f"context       {hp.context_length}")
-    print(f"vocabulary    {hp.n_vocab}")
-    print(f"rope base     {hp.rope_base:g}")
-    print(f"features      {architecture_features(gguf, hp)}")
-    print(f"tensors       {len(gguf.tensors)}")
-    print(f"block types   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}")
-    for line in _block_type_lines(gguf):
-        print(f"  {line}")
+    print("\n".join(describe(GGUFFile(settings.model_path(args)))))
     return 0
-
-
-def _block_type_lines(gguf: GGUFFile) -> list[str]:
-    """One line per block type of the file: its tensors and bytes, and for a type the kernels do
-    not compute on, the first such tensor and the types they do (``coli run`` would stop there)."""
-    from colibri.store.formats import SUPPORTED
-
-    by_type: dict[str, list[TensorInfo]] = {}
-    for t in gguf.tensors.values():
-        by_type.setdefault(t.gtype.name, []).append(t)
-    supported = ", ".join(sorted(t.name for t in SUPPORTED))
-    lines = []
-    for name, tensors in sorted(by_type.items()):
-        n, nbytes = len(tensors), sum(t.nbytes for t in tensors)
-        line = f"{name:<8}{n:>6} tensor{'s' if n != 1 else ' '}{nbytes / 2**20:>10.1f} MiB"
-        if tensors[0].gtype not in SUPPORTED:
-            more = f" (and {n - 1} more)" if n > 1 else ""
-            line += (f"  unsupported: tensor {tensors[0].name!r}{more} has block type {name}, which "
-                     f"the kernels do not compute on (supported: {supported})")
-        lines.append(line)
-    return lines
 
 
 def cmd_engine(args: argparse.Namespace) -> int:

@@ -42,6 +42,8 @@ class HParams:
     swa_pattern: int | tuple[bool, ...] | None = None  # attention.sliding_window_pattern: period or per layer
     rope_base_swa: float = 10000.0  # rope.freq_base_swa: the local layers' base (llama.cpp's default)
     rope_linear: float = 1.0  # rope.scaling.factor of a "linear" scaling: positions divided by it
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: q and k times it (Phi's long RoPE)
+    n_ctx_orig: int = 0  # rope.scaling.original_context_length: past it, the long RoPE factors
     attention_scale: float = 0.0  # attention.scale: of q·k (0: the architecture's rule)
     logit_softcap: float = 0.0  # final_logit_softcapping: logits = c·tanh(logits / c) (0: none)
 
@@ -96,20 +98,24 @@ class HParams:
             swa_pattern=pattern if pattern is None or isinstance(pattern, tuple) else int(pattern),
             rope_base_swa=float(opt("rope.freq_base_swa", 10000.0)),
             rope_linear=_linear_rope(gguf, arch),
+            rope_attn_factor=float(opt("rope.scaling.attn_factor", 1.0)),
+            n_ctx_orig=int(opt("rope.scaling.original_context_length",
+                               gguf.get(f"{arch}.context_length", 0))),
             attention_scale=float(opt("attention.scale", 0.0)),
             logit_softcap=float(opt("final_logit_softcapping", 0.0)),
         )
 
 
-# RoPE scalings computed here: none, and "linear" (positions divided by the factor). Others
-# (yarn, longrope) change every frequency and the logits' scale: a file that asks for one is
-# refused rather than run with RoPE it was not trained with. Llama 3's scaling needs no type: the
-# converter bakes it into a ``rope_freqs`` tensor of per-frequency factors (``decoder.py``).
+# RoPE scalings computed here: none, and "linear" (positions divided by the factor; llama.cpp's
+# reading of a factor without a type). YaRN changes every frequency and the logits' scale: a file
+# that asks for it is refused rather than run with RoPE it was not trained with. Llama 3's and
+# Phi's long RoPE need no type: the converter bakes them into tensors of per-frequency factors
+# (``rope_freqs``; ``rope_factors_short``/``_long``), which ``decoder.py`` divides by.
 ROPE_SCALINGS = ("none", "linear")
 
 
 def _linear_rope(gguf: GGUFFile, arch: str) -> float:
-    kind = gguf.get(f"{arch}.rope.scaling.type", "none")
+    kind = gguf.get(f"{arch}.rope.scaling.type", "linear")
     factor = float(gguf.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
     if kind not in ROPE_SCALINGS:
         raise GGUFError(f"{gguf.path}: RoPE scaling {kind!r} is not supported (supported: "

@@ -51,6 +51,8 @@ class Config:
     rope_base_swa: float  # rope.freq_base_swa: the local layers' base
     rope_linear: float  # rope.scaling.factor of a "linear" scaling (1: none)
     attn_scale: float  # attention.scale: of q·k (0: 1/sqrt(head_dim))
+    rope_attn: float  # rope.scaling.attn_factor: q and k times it, after RoPE (Phi's long RoPE)
+    n_ctx_orig: int  # rope.scaling.original_context_length: longer sequences take the long factors
     softcap: float  # final_logit_softcapping (0: none)
 
 
@@ -93,6 +95,8 @@ class Weights:
             rope_linear=float(opt("rope.scaling.factor", 1.0)) if opt("rope.scaling.type", "") == "linear"
             else 1.0,
             attn_scale=float(opt("attention.scale", 0.0)),
+            rope_attn=float(opt("rope.scaling.attn_factor", 1.0)),
+            n_ctx_orig=opt("rope.scaling.original_context_length", opt("context_length", 0)),
             softcap=float(opt("final_logit_softcapping", 0.0)),
         )
 
@@ -134,18 +138,19 @@ def head_norm(x: np.ndarray, weight: np.ndarray, head_dim: int, eps: float) -> n
 
 
 def rope(x: np.ndarray, head_dim: int, rope_dim: int, base: float, neox: bool,
-         divisors: np.ndarray | float = 1.0) -> np.ndarray:
+         divisors: np.ndarray | float = 1.0, mscale: float = 1.0) -> np.ndarray:
     """Rotary position embedding of rows at positions 0, 1, …: in each head, pair i of the first
     ``rope_dim`` dimensions turns by ``position * base^(-2i / rope_dim) / divisors[i]``; the other
     dimensions pass (partial rotary). The pairs are ``(2i, 2i+1)`` in llama's GGUF layout (ggml's
     "normal"; the converter permuted the q and k rows to it), ``(i, i + rope_dim/2)`` with ``neox``
     (Hugging Face's ``rotate_half``). ``divisors``: a linear scaling's factor, or Llama 3's
-    per-frequency factors (the file's ``rope_freqs``)."""
+    per-frequency factors (the file's ``rope_freqs``). ``mscale`` scales the rotated dimensions
+    (Phi's long RoPE's attention factor)."""
     t_rows = x.shape[0]
     heads = x.reshape(t_rows, -1, head_dim).copy()
     half = rope_dim // 2
     angle = np.arange(t_rows)[:, None] * base ** (-2.0 * np.arange(half) / rope_dim) / divisors
-    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    cos, sin = mscale * np.cos(angle)[:, None, :], mscale * np.sin(angle)[:, None, :]
     if neox:
         a, b = heads[..., :half], heads[..., half:rope_dim]
     else:
@@ -300,10 +305,12 @@ def self_attention(w: Weights, p: str, x: np.ndarray, neox: bool, qk_norm: bool 
         q = head_norm(q, w[p + "attn_q_norm.weight"], c.head_dim, c.eps)
         k = head_norm(k, w[p + "attn_k_norm.weight"], c.head_dim, c.eps)
     base, divisors = (c.rope_base_swa, 1.0) if local else (c.rope_base, c.rope_linear)
-    if "rope_freqs.weight" in w:
-        divisors = divisors * w["rope_freqs.weight"]
-    q = rope(q, c.head_dim, c.rope_dim, base, neox=neox, divisors=divisors)
-    k = rope(k, c.head_dim, c.rope_dim, base, neox=neox, divisors=divisors)
+    phi = "rope_factors_long" if x.shape[0] > c.n_ctx_orig else "rope_factors_short"
+    for factors in ("rope_freqs.weight", phi + ".weight"):  # Llama 3's; Phi's long RoPE, by length
+        if factors in w:
+            divisors = divisors * w[factors]
+    q = rope(q, c.head_dim, c.rope_dim, base, neox=neox, divisors=divisors, mscale=c.rope_attn)
+    k = rope(k, c.head_dim, c.rope_dim, base, neox=neox, divisors=divisors, mscale=c.rope_attn)
     out = attention(q, k, v, c.n_heads, c.n_kv_heads, c.attn_scale, c.window if local else 0)
     return out @ w[p + "attn_output.weight"].T
 

@@ -83,14 +83,16 @@ def rope_frequencies(head_dim: int, rope_dim: int, freq_base: float) -> np.ndarr
 @nb.njit(**KERNEL)
 def rope(
     x: np.ndarray, positions: np.ndarray, n_heads: int, head_dim: int, inv_freq: np.ndarray,
-    neox: bool = False,
+    neox: bool = False, mscale: float = 1.0,
 ) -> None:
     """Rotate pairs of each head in place: adjacent pairs ``(2i, 2i+1)`` (ggml's 'normal' RoPE,
     the llama layout in GGUF), or with ``neox`` the pairs ``(i, i + rope_dim/2)`` (ggml's NEOX,
     Hugging Face's ``rotate_half``: qwen2moe, qwen3moe, glm4moe).
 
     ``x`` is (T, n_heads * head_dim); row t sits at ``positions[t]``. ``rope_dim`` is
-    ``2 * len(inv_freq)``; dimensions beyond it are left as they are (partial rotary).
+    ``2 * len(inv_freq)``; dimensions beyond it are left as they are (partial rotary). The
+    rotated pairs are also scaled by ``mscale`` (Phi's long RoPE's attention factor, as ggml's
+    rope applies it: to the rotated dimensions only).
     """
     half = inv_freq.shape[0]
     stride, other = (1, half) if neox else (2, 1)  # pair i is (stride*i, stride*i + other)
@@ -98,8 +100,8 @@ def rope(
         p = np.float64(positions[t])
         for i in range(half):
             angle = p * inv_freq[i]
-            c = np.float32(np.cos(angle))
-            s = np.float32(np.sin(angle))
+            c = np.float32(np.cos(angle) * mscale)
+            s = np.float32(np.sin(angle) * mscale)
             for h in range(n_heads):
                 j = h * head_dim + stride * i
                 a = x[t, j]

@@ -102,15 +102,15 @@ class Decoder:
         """What the token embeddings are multiplied by (gemma: sqrt(n_embd))."""
         return 1.0
 
-    def layer_frequencies(self, hp: HParams, layer: int) -> np.ndarray:
+    def layer_frequencies(self, hp: HParams, layer: int, factors: np.ndarray) -> np.ndarray:
         """Layer i's inverse frequencies: the local base on sliding layers, the linear scaling on
-        the others, divided by the file's per-frequency factors (``rope_freqs``: Llama 3's
-        scaling, as the converter bakes it)."""
+        the others, divided by the file's per-frequency ``factors`` (Llama 3's ``rope_freqs``,
+        Phi's ``rope_factors_short`` or ``_long``: their scalings as the converter bakes them)."""
         if self.is_sliding(hp, layer):
             inv = rope_frequencies(hp.head_dim, hp.rope_dim, hp.rope_base_swa)
         else:
             inv = rope_frequencies(hp.head_dim, hp.rope_dim, hp.rope_base) / hp.rope_linear
-        return inv / self._rope_factors if self._rope_factors.shape[0] else inv
+        return inv / factors if factors.shape[0] else inv
 
     def __init__(self, gguf: GGUFFile, hp: HParams, ram_budget: Budget = None) -> None:
         """``ram_budget``: bytes (or experts per MoE layer) the expert store's resident copies may take
@@ -120,10 +120,15 @@ class Decoder:
         self.head = OutputHead(gguf, hp.n_embd, hp.norm_eps, hp.logit_softcap)
         self.experts = ExpertStore(gguf, hp.n_layers, hp.n_expert, hp.n_expert_used, ram_budget)
         rule = routing(hp, self.GATING, norm=self.NORM_TOPK)
-        self._rope_factors = optional_vector(gguf, "rope_freqs.weight").astype(np.float64)
+        # Per-frequency RoPE divisors: Llama 3's; or Phi's short ones, and its long ones for a cache
+        # longer than the original context (llama.cpp's choice: by the context, not the position).
+        short = optional_vector(gguf, "rope_freqs.weight")
+        if short.shape[0] == 0:
+            short = optional_vector(gguf, "rope_factors_short.weight")
+        long = optional_vector(gguf, "rope_factors_long.weight")
         self.embed_scale = np.float32(self.embedding_scale(hp))
         self.attn, self.ffn_norm, self.ffn, self.moe = [], [], [], []
-        self.shapes, self.inv_freq = [], []
+        self.shapes, self.inv_freq, self.inv_freq_long = [], [], []
         for i in range(hp.n_layers):
             p = f"blk.{i}."
             self.attn.append(load_attention(gguf, i, hp, self.ATTN_POST_NORM))
@@ -134,8 +139,11 @@ class Decoder:
             self.ffn.append(None if moe else load_ffn(gguf, p))
             window = hp.sliding_window if self.is_sliding(hp, i) else 0
             self.shapes.append(LayerShape(hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.norm_eps, self.NEOX,
-                                          self.query_scale(hp), window, self.GELU))
-            self.inv_freq.append(self.layer_frequencies(hp, i))
+                                          self.query_scale(hp), window, self.GELU, hp.rope_attn_factor))
+            self.inv_freq.append(self.layer_frequencies(hp, i, short.astype(np.float64)))
+            self.inv_freq_long.append(self.layer_frequencies(hp, i, long.astype(np.float64)))
+        if long.shape[0] == 0:
+            self.inv_freq_long = self.inv_freq
         alike = (same_types(dense_layer, self.attn) and same_types(dense_layer, self.ffn_norm)
                  and same_types(dense_layer, [f for f in self.ffn if f is not None]))
         self.dense_layer = Entry(dense_layer) if alike else dense_layer
@@ -166,8 +174,9 @@ class Decoder:
                 raise ValueError(f"soft input rows must be [rows, {self.hp.n_embd}], got {list(x.shape)}")
             h = np.empty_like(x)
             t_attn = 0.0
+            inv_freq = self.inv_freq_long if kv.n_ctx > self.hp.n_ctx_orig else self.inv_freq
             for i in range(self.hp.n_layers):
-                args = (self.shapes[i], kv.k, kv.v, i, slots, positions, self.inv_freq[i], n_direct)
+                args = (self.shapes[i], kv.k, kv.v, i, slots, positions, inv_freq[i], n_direct)
                 if self.moe[i] is None:
                     self.dense_layer(x, self.attn[i], self.ffn_norm[i], self.ffn[i], *args)
                 else:

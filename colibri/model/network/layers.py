@@ -59,6 +59,7 @@ class LayerShape(NamedTuple):
     scale: float  # of q·k: 1/sqrt(head_dim) unless the architecture says otherwise
     window: int  # > 0: a sliding-window layer, each row attending to its last ``window`` positions
     gelu: bool  # the FFN is a GeGLU (tanh GELU), not a SwiGLU (gemma3)
+    mscale: float  # RoPE's rotated pairs scaled by it (rope.scaling.attn_factor; 1: none)
 
 
 def load_attention(gguf: GGUFFile, i: int, hp: HParams, post_norm: str = "") -> Attention:
@@ -114,8 +115,8 @@ def attention(
         rmsnorm_heads(q, a.q_norm, sh.n_heads, sh.head_dim, sh.eps)
     if a.k_norm.shape[0] > 0:
         rmsnorm_heads(k, a.k_norm, sh.n_kv, sh.head_dim, sh.eps)
-    rope(q, positions, sh.n_heads, sh.head_dim, inv_freq, sh.neox)
-    rope(k, positions, sh.n_kv, sh.head_dim, inv_freq, sh.neox)
+    rope(q, positions, sh.n_heads, sh.head_dim, inv_freq, sh.neox, sh.mscale)
+    rope(k, positions, sh.n_kv, sh.head_dim, inv_freq, sh.neox, sh.mscale)
     store_kv(k, v, k_cache, v_cache, layer, slots, positions, sh.n_kv, sh.head_dim)
     attn = np.empty((t_rows, q_dim), np.float32)
     attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, attn, sh.scale, sh.window)

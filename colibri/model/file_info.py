@@ -1,0 +1,54 @@
+"""What ``coli info`` says of a model file: sizes, hyperparameters, the architecture's features, and
+its block types, read from the metadata and the tensor directory (no weights loaded, so a file the
+engine cannot run is still described, with the reason)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from colibri.model.hparams import HParams
+from colibri.model.loader import architecture_features
+from colibri.store.formats import SUPPORTED
+from colibri.store.gguf import GGUFFile, TensorInfo
+
+
+def describe(gguf: GGUFFile) -> list[str]:
+    hp = HParams.from_gguf(gguf)
+    types = Counter(t.gtype.name for t in gguf.tensors.values())
+    n_params = sum(t.n_elements for t in gguf.tensors.values())
+    return [
+        f"file          {gguf.path} ({gguf.file_size / 2**20:.1f} MiB, GGUF v{gguf.version})",
+        f"name          {gguf.get('general.name', '?')}",
+        f"architecture  {hp.arch}",
+        f"parameters    {n_params / 1e6:.1f} M",
+        f"layers        {hp.n_layers}",
+        f"embedding     {hp.n_embd}",
+        f"feed-forward  {hp.n_ff}",
+        f"heads         {hp.n_heads} (kv {hp.n_kv_heads}, dim {hp.head_dim})",
+        f"context       {hp.context_length}",
+        f"vocabulary    {hp.n_vocab}",
+        f"rope base     {hp.rope_base:g}",
+        f"features      {architecture_features(gguf, hp)}",
+        f"tensors       {len(gguf.tensors)}",
+        f"block types   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}",
+        *(f"  {line}" for line in block_type_lines(gguf)),
+    ]
+
+
+def block_type_lines(gguf: GGUFFile) -> list[str]:
+    """One line per block type of the file: its tensors and bytes, and for a type the kernels do
+    not compute on, the first such tensor and the types they do (``coli run`` would stop there)."""
+    by_type: dict[str, list[TensorInfo]] = {}
+    for t in gguf.tensors.values():
+        by_type.setdefault(t.gtype.name, []).append(t)
+    supported = ", ".join(sorted(t.name for t in SUPPORTED))
+    lines = []
+    for name, tensors in sorted(by_type.items()):
+        n, nbytes = len(tensors), sum(t.nbytes for t in tensors)
+        line = f"{name:<8}{n:>6} tensor{'s' if n != 1 else ' '}{nbytes / 2**20:>10.1f} MiB"
+        if tensors[0].gtype not in SUPPORTED:
+            more = f" (and {n - 1} more)" if n > 1 else ""
+            line += (f"  unsupported: tensor {tensors[0].name!r}{more} has block type {name}, which "
+                     f"the kernels do not compute on (supported: {supported})")
+        lines.append(line)
+    return lines
