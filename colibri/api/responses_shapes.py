@@ -66,10 +66,12 @@ def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
 
 
 def function_call_item(call: dict[str, Any], item_id: str, status: str = "completed",
-                       arguments: str | None = None) -> dict[str, Any]:
+                       arguments: str | None = None, namespace: str | None = None) -> dict[str, Any]:
     """A chat-shaped tool call (``{"id", "type", "function": {"name", "arguments"}}``) as a
-    Responses ``function_call`` item: the chat call's id is the ``call_id`` the client answers with."""
+    Responses ``function_call`` item: the chat call's id is the ``call_id`` the client answers with;
+    a function offered in a ``namespace`` names it (as OpenAI's items do), so the client finds it."""
     fn = call["function"]
+    extra = {} if namespace is None else {"namespace": namespace}
     return {
         "type": "function_call",
         "id": item_id,
@@ -77,6 +79,7 @@ def function_call_item(call: dict[str, Any], item_id: str, status: str = "comple
         "name": fn["name"],
         "arguments": fn["arguments"] if arguments is None else arguments,
         "status": status,
+        **extra,
     }
 
 
@@ -127,24 +130,37 @@ class ResponseEnvelope:
         )
 
 
+# An event before it is numbered: its type and its fields.
+Event = tuple[str, dict[str, Any]]
+
+
 class EventStream:
-    """A response's SSE events, numbered in order; each method returns the frames to send."""
+    """A response's SSE events. Each method returns events, unnumbered; ``send`` numbers them as
+    they go out, in the order they are sent, so the numbers count up whatever order the events
+    were built in (a message's opening built after its first delta, say)."""
 
     def __init__(self, env: ResponseEnvelope) -> None:
         self.env, self.seq = env, 0
 
-    def frame(self, kind: str, **fields: Any) -> bytes:
-        payload = {"type": kind, "sequence_number": self.seq, **fields}
-        self.seq += 1
-        data = json.dumps(payload, ensure_ascii=False)
-        return f"event: {kind}\ndata: {data}\n\n".encode()
+    @staticmethod
+    def frame(kind: str, **fields: Any) -> Event:
+        return kind, fields
 
-    def opening(self) -> list[bytes]:
+    def send(self, events: list[Event]) -> list[bytes]:
+        """The events' SSE frames, numbered from the stream's next ``sequence_number``."""
+        frames = []
+        for kind, fields in events:
+            payload = {"type": kind, "sequence_number": self.seq, **fields}
+            self.seq += 1
+            frames.append(f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode())
+        return frames
+
+    def opening(self) -> list[Event]:
         started = self.env.response("in_progress", [])
         return [self.frame("response.created", response=started),
                 self.frame("response.in_progress", response=started)]
 
-    def message_start(self, index: int, item_id: str) -> list[bytes]:
+    def message_start(self, index: int, item_id: str) -> list[Event]:
         where = {"item_id": item_id, "output_index": index, "content_index": 0}
         return [
             self.frame("response.output_item.added", output_index=index,
@@ -152,11 +168,11 @@ class EventStream:
             self.frame("response.content_part.added", **where, part=output_text("")),
         ]
 
-    def text_delta(self, index: int, item_id: str, delta: str) -> bytes:
+    def text_delta(self, index: int, item_id: str, delta: str) -> Event:
         return self.frame("response.output_text.delta", item_id=item_id, output_index=index,
                           content_index=0, delta=delta, logprobs=[])
 
-    def message_end(self, index: int, item_id: str, text: str, status: str) -> list[bytes]:
+    def message_end(self, index: int, item_id: str, text: str, status: str) -> list[Event]:
         where = {"item_id": item_id, "output_index": index, "content_index": 0}
         return [
             self.frame("response.output_text.done", **where, text=text, logprobs=[]),
@@ -165,7 +181,7 @@ class EventStream:
                        item=message_item(item_id, text, status)),
         ]
 
-    def reasoning_start(self, index: int, item_id: str) -> list[bytes]:
+    def reasoning_start(self, index: int, item_id: str) -> list[Event]:
         where = {"item_id": item_id, "output_index": index, "content_index": 0}
         return [
             self.frame("response.output_item.added", output_index=index,
@@ -173,11 +189,11 @@ class EventStream:
             self.frame("response.content_part.added", **where, part=reasoning_text("")),
         ]
 
-    def reasoning_delta(self, index: int, item_id: str, delta: str) -> bytes:
+    def reasoning_delta(self, index: int, item_id: str, delta: str) -> Event:
         return self.frame("response.reasoning_text.delta", item_id=item_id, output_index=index,
                           content_index=0, delta=delta)
 
-    def reasoning_end(self, index: int, item_id: str, text: str, status: str) -> list[bytes]:
+    def reasoning_end(self, index: int, item_id: str, text: str, status: str) -> list[Event]:
         where = {"item_id": item_id, "output_index": index, "content_index": 0}
         return [
             self.frame("response.reasoning_text.done", **where, text=text),
@@ -186,21 +202,22 @@ class EventStream:
                        item=reasoning_item(item_id, text, status)),
         ]
 
-    def function_call(self, index: int, call: dict[str, Any], item_id: str) -> list[bytes]:
+    def function_call(self, index: int, call: dict[str, Any], item_id: str,
+                      namespace: str | None = None) -> list[Event]:
         """One tool call, whole: its arguments in one delta (the answer was parsed at its end)."""
         args = call["function"]["arguments"]
         where = {"item_id": item_id, "output_index": index}
         return [
             self.frame("response.output_item.added", output_index=index,
-                       item=function_call_item(call, item_id, "in_progress", arguments="")),
+                       item=function_call_item(call, item_id, "in_progress", "", namespace)),
             self.frame("response.function_call_arguments.delta", **where, delta=args),
             self.frame("response.function_call_arguments.done", **where, arguments=args,
                        name=call["function"]["name"]),
             self.frame("response.output_item.done", output_index=index,
-                       item=function_call_item(call, item_id)),
+                       item=function_call_item(call, item_id, namespace=namespace)),
         ]
 
-    def failed(self, err: ApiError) -> list[bytes]:
+    def failed(self, err: ApiError) -> list[Event]:
         """After the headers a failure is an ``error`` event, then ``response.failed``."""
         return [
             self.frame("error", code=err.code or err.type, message=err.message, param=err.param),
@@ -222,6 +239,7 @@ class ResponsesShaper:
         self.thinks = request.gen.reasoning  # a reasoning item may come first: the message waits
         self.message_id, self.reasoning_id = new_id("msg_"), new_id("rs_")
         self.call_ids: list[str] = []
+        self.namespaces = request.namespaces  # a function's namespace, named on its calls
         self.reasoning: str | None = None  # the reasoning streamed so far; None: no item begun
         self.reasoning_done = False
         self.message_open = False
@@ -235,13 +253,17 @@ class ResponsesShaper:
         """The output items: the reasoning, the message (unless the answer only calls, or only
         reasoned), then the calls."""
         self.call_ids = self.call_ids or [new_id("fc_") for _ in answer.calls]
-        calls = [function_call_item(c, i) for c, i in zip(answer.calls, self.call_ids, strict=True)]
+        calls = [function_call_item(c, i, namespace=self.namespace(c))
+                 for c, i in zip(answer.calls, self.call_ids, strict=True)]
         items = []
         if answer.reasoning:
             items.append(reasoning_item(self.reasoning_id, answer.reasoning, self._reasoning_status(answer)))
         if self._has_message(answer):
             items.append(message_item(self.message_id, answer.text, status_of(answer)))
         return [*items, *calls]
+
+    def namespace(self, call: dict[str, Any]) -> str | None:
+        return self.namespaces.get(call["function"]["name"])
 
     @staticmethod
     def _has_message(answer: Answer) -> bool:
@@ -255,12 +277,15 @@ class ResponsesShaper:
 
     def opening(self) -> list[bytes]:
         if self.held or self.thinks:
-            return self.events.opening()
+            return self.events.send(self.events.opening())
         self.message_open = True
-        return self.events.opening() + self.events.message_start(0, self.message_id)
+        return self.events.send(self.events.opening() + self.events.message_start(0, self.message_id))
 
     def delta(self, piece: Piece) -> list[bytes]:
-        frames = []
+        return self.events.send(self._delta(piece))
+
+    def _delta(self, piece: Piece) -> list[Event]:
+        frames: list[Event] = []
         if piece.reasoning:
             if self.reasoning is None:
                 self.reasoning = ""
@@ -275,13 +300,16 @@ class ResponsesShaper:
             frames += self.events.message_start(self.first, self.message_id)
         return [*frames, self.events.text_delta(self.first, self.message_id, piece.text)]
 
-    def _end_reasoning(self, status: str) -> list[bytes]:
+    def _end_reasoning(self, status: str) -> list[Event]:
         if self.reasoning is None or self.reasoning_done:
             return []
         self.reasoning_done = True
         return self.events.reasoning_end(0, self.reasoning_id, self.reasoning, status)
 
     def closing(self, answer: Answer) -> list[bytes]:
+        return self.events.send(self._closing(answer))
+
+    def _closing(self, answer: Answer) -> list[Event]:
         output, status = self.output(answer), status_of(answer)
         frames = self._end_reasoning(self._reasoning_status(answer))
         text, item_id, first = answer.text, self.message_id, self.first
@@ -292,12 +320,12 @@ class ResponsesShaper:
             frames += self.events.message_end(first, item_id, text, status)
             first += 1
         for n, (call, call_id) in enumerate(zip(answer.calls, self.call_ids, strict=True)):
-            frames += self.events.function_call(first + n, call, call_id)
+            frames += self.events.function_call(first + n, call, call_id, self.namespace(call))
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         return [*frames, self.events.frame(kind, response=self.env.final(answer, output))]
 
     def failed(self, err: ApiError) -> list[bytes]:
-        return self.events.failed(err)
+        return self.events.send(self.events.failed(err))
 
     def whole(self, answer: Answer) -> dict[str, Any]:
         return self.env.final(answer, self.output(answer))

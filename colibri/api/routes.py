@@ -46,8 +46,14 @@ def error_response(err: ApiError) -> Response:
     return json_response(err.body(), err.status)
 
 
-def model_card(model_id: str, created: int) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": created, "owned_by": OWNER}
+def model_card(model_id: str, created: int, n_ctx: int | None = None) -> dict[str, Any]:
+    """OpenAI's model object, with the served context (prompt and answer together, per request)
+    under the two names clients read it by: ``context_length`` (OpenRouter's, read by clients that
+    size their prompts from it) and ``max_model_len`` (vLLM's)."""
+    card = {"id": model_id, "object": "model", "created": created, "owned_by": OWNER}
+    if n_ctx is not None:
+        card.update(context_length=n_ctx, max_model_len=n_ctx)
+    return card
 
 
 # ----------------------------------------------------------------------------- models, status
@@ -56,7 +62,7 @@ def model_card(model_id: str, created: int) -> dict[str, Any]:
 @blueprint.get("/v1/models")
 async def models() -> dict[str, Any]:
     state = server_state()
-    return {"object": "list", "data": [model_card(state.model_id, state.created)]}
+    return {"object": "list", "data": [model_card(state.model_id, state.created, state.n_ctx)]}
 
 
 @blueprint.get("/v1/models/<path:model>")
@@ -64,7 +70,7 @@ async def model(model: str) -> dict[str, Any] | Response:
     state = server_state()
     if model != state.model_id:
         return error_response(openai_errors.model_not_found(model))
-    return model_card(state.model_id, state.created)
+    return model_card(state.model_id, state.created, state.n_ctx)
 
 
 @blueprint.get("/health")

@@ -37,13 +37,13 @@ from colibri.api.generation import (
     GenerationRun,
 )
 from colibri.api.openai_errors import ApiError
-from colibri.api.openai_requests import Generation
+from colibri.api.openai_requests import Generation, fit_budget
 from colibri.api.responses_api import ResponsesRequest
 from colibri.api.responses_shapes import ResponsesShaper
 from colibri.api.server_state import ServerState
 from colibri.api.shaping import Answer, Shaper
 from colibri.api.slot_owners import owner_of
-from colibri.api.tools import split_output
+from colibri.api.tools import cut_call, split_output
 from colibri.model.tokenizer import TooManyTokens
 
 Served = Generation | ResponsesRequest  # what an endpoint's parser makes of a body
@@ -71,7 +71,8 @@ def count(state: ServerState, endpoint: str | None, status: int | None, ended: s
 
 
 async def tokenize(state: ServerState, gen: Generation) -> None:
-    """The prompt's ids, checked against the context before admission (and any header)."""
+    """The prompt's ids, checked against the context before admission (and any header); the
+    answer's budget capped to what the context leaves after them (``fit_budget``)."""
     if state.encode is None:
         return
     try:  # off the event loop (the tokenizer lets go of the GIL): a prompt may be megabytes of text
@@ -81,6 +82,7 @@ async def tokenize(state: ServerState, gen: Generation) -> None:
                                                     at_least=True) from None
     if len(gen.prompt_ids) > state.n_ctx:
         raise openai_errors.context_length_exceeded(len(gen.prompt_ids), state.n_ctx, gen.prompt_field)
+    fit_budget(gen, state.n_ctx)
 
 
 # The ASGI scope key under which a request's leases wait for ``release_leftovers``.
@@ -146,9 +148,14 @@ def answer_of(run: GenerationRun, gen: Generation, text: str, reasoning: str = "
     offered, the text is the model's call or reply in the tools' format (``tools.split_output``);
     ``text`` is the answer alone, a thinking model's reasoning apart (``reasoning``)."""
     content, calls = split_output(text, gen.tools)
+    if run.finish == "length" and gen.tools is not None:  # cut: no half call is shown as text
+        content, partial = cut_call(text, content, calls, gen.tools)
+        if partial is not None:
+            gen.notes["dropped_tool_call"] = partial
     prompt, completion = run.record_usage()
     cached = run.perf.reused_tokens if run.perf else 0
-    return Answer(content, calls, run.finish, prompt, completion, cached, run.stats(), run.tokens,
+    stats = {**run.stats(), **gen.notes}  # what the server changed, beside the engine's figures
+    return Answer(content, calls, run.finish, prompt, completion, cached, stats, run.tokens,
                   reasoning if run.has_reasoning else None, run.reasoning_tokens, gen.reasoning)
 
 

@@ -25,6 +25,7 @@ OpenAI's side of tool calls: the validation, the history, the calls' ids. How a 
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,7 +35,7 @@ from colibri.api.ids import new_id
 from colibri.api.json_body import parse_json
 from colibri.api.openai_errors import bad, shown, too_many
 from colibri.api.structured import checked
-from colibri.model.tool_format import Call, ToolSet, envelope, tool_response
+from colibri.model.tool_format import CALL_CLOSE, CALL_OPEN, Call, ToolSet, envelope, tool_response
 
 # OpenAI's rule for a function's name: also keeps a name from holding markup.
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -43,6 +44,10 @@ MAX_TOOLS = 128
 # Tool calls in a request's history, all messages together: each is checked, its arguments parsed
 # and re-written on the event loop; an agent's long loop makes about one a turn (MAX_MESSAGES).
 MAX_TOOL_CALLS = 2048
+# A generic-style reply cut by its budget: the envelope's opening, then the reply's JSON string.
+_REPLY_OPEN = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+# The longest escape a cut JSON string can end inside (``\uXXXX``): dropped to decode the rest.
+_LONGEST_ESCAPE = 6
 _TOOL_KEYS = {"type", "function"}
 _FUNCTION_KEYS = {"name", "description", "parameters", "strict"}
 
@@ -249,3 +254,43 @@ def split_output(text: str, plan: ToolPlan | None) -> tuple[str | None, list[dic
     fmt = plan.format
     content, calls = fmt.read_markers(text) if plan.style == "template" else fmt.read_envelope(text)
     return content, [_openai_call(c) for c in calls]
+
+
+def _cut_string(body: str) -> str:
+    """The text of a JSON string whose opening quote came before ``body`` and whose end may be cut
+    (an escape cut halfway is dropped)."""
+    decoder = json.JSONDecoder()
+    try:
+        return decoder.raw_decode('"' + body)[0]  # whole: the string ended before the cut
+    except ValueError:
+        pass
+    for trim in range(min(_LONGEST_ESCAPE, len(body)) + 1):
+        try:
+            return json.loads('"' + body[: len(body) - trim] + '"')
+        except ValueError:
+            continue
+    return ""
+
+
+def cut_call(text: str, content: str | None, calls: list[dict[str, Any]],
+             plan: ToolPlan) -> tuple[str | None, str | None]:
+    """An answer cut by its budget (``finish_reason: "length"``) with tools offered: (the content a
+    client may see, the dropped partial call's text or None). A half-written call is never shown as
+    text (a client would print or parse the raw envelope): it is dropped, and its text goes to the
+    answer's ``colibri`` block. ``text`` is the whole answer, ``content`` and ``calls`` what
+    ``split_output`` read of it. Generic style: the grammar held the whole answer to the envelope, so
+    unparsed text is a cut envelope: a cut reply (``{"response": "...``) is its reply so far, a cut
+    call leaves no content (""). Template style: an unclosed last ``<tool_call>`` block is dropped,
+    the text before it kept."""
+    if content is None:
+        return None, None
+    if plan.style == "generic":
+        if calls or content != text or not text.strip():  # read whole: not cut inside the envelope
+            return content, None
+        reply = _REPLY_OPEN.match(content)
+        return (_cut_string(content[reply.end():]), None) if reply else ("", content)
+    at = content.rfind(CALL_OPEN)
+    if at < 0 or CALL_CLOSE in content[at:]:
+        return content, None
+    kept = content[:at].strip()
+    return (kept or (None if calls else "")), content[at:]
