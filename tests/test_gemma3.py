@@ -2,10 +2,11 @@
 and against the exact arithmetic of its weights (``colibri.model.reference``: float64 numpy).
 
 llama.cpp rounds every matmul's activations to 8 bits; on this model that moves its logits by
-~0.16 (standard deviation; up to 1.5) from the exact values, colibri's by ~0.001 (measured). So
-the greedy comparisons follow the issue's rule: compare where llama.cpp's own top-2 gap is at
-least ``NEAR_TIE``; and where colibri and llama.cpp part, the reference says whose arithmetic
-is the file's.
+~0.16 (standard deviation; up to 1.5) from the exact values, colibri's by ~0.001 (measured). A
+gap of ``NEAR_TIE`` is thus no guarantee that llama.cpp's choice is the file's: the greedy
+comparisons follow the issue's rule (compare where llama.cpp's own top-2 gap is at least
+``NEAR_TIE``), and where colibri and llama.cpp part, the reference says whose arithmetic is the
+file's. ``MIN_AGREEMENT`` is the issue's bar, met at 99.2% (498 of 502) with this llama.cpp build.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from gemma_harness import gemma3_path
 from colibri.model import reference
 from colibri.model.generate import SingleSequence
 
-llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp (make peer) is the peer of these tests")
 
-NEAR_TIE = 0.1  # llama.cpp's top-2 gap below which its choice is within its own rounding
+def _llama_cpp():
+    return pytest.importorskip("llama_cpp", reason="llama.cpp (make peer) is the peer of these tests")
+
+NEAR_TIE = 0.1  # the issue's: llama.cpp's top-2 gaps below it are not compared
 MIN_AGREEMENT = 0.99  # teacher-forced top-1 agreement where the gap is at least NEAR_TIE
 EXACT_ATOL = 0.05  # colibri's logits against the float64 forward of the same weights (measured ~0.01)
 N_NEW = 64  # greedy tokens per prompt
@@ -44,6 +47,7 @@ def gemma():
 
 @pytest.fixture(scope="module")
 def peer():
+    llama_cpp = _llama_cpp()
     return llama_cpp.Llama(str(gemma3_path()), n_ctx=1024, logits_all=True, verbose=False, n_threads=2,
                            type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
 
@@ -83,7 +87,7 @@ def test_the_file_is_the_real_one(gemma):
 
 
 def test_tokenization_matches_llamacpp(gemma):
-    vocab = llama_cpp.Llama(str(gemma3_path()), vocab_only=True, verbose=False)
+    vocab = _llama_cpp().Llama(str(gemma3_path()), vocab_only=True, verbose=False)
     for text in TEXTS:
         for special in (False, True):
             theirs = vocab.tokenize(text.encode(), add_bos=True, special=special)
@@ -93,6 +97,7 @@ def test_tokenization_matches_llamacpp(gemma):
 def test_chat_template_is_gemmas(gemma):
     """The file has no template: colibri's built-in one renders what llama.cpp's built-in "gemma"
     template does (which leaves the BOS to the tokenizer), the system text joining the first turn."""
+    llama_cpp = _llama_cpp()
     conversations = [
         [{"role": "user", "content": "Hi"}],
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
@@ -162,10 +167,13 @@ def test_local_layers_see_only_their_window(gemma, exact, peer):
     peer.reset()
     peer.eval(ids)
     theirs = np.array(peer.scores[len(ids) - 4 : len(ids)])
+    compared = 0
     for row in range(4):
         top = np.sort(theirs[row])[::-1]
         if top[0] - top[1] >= NEAR_TIE:
             assert ours[row].argmax() == theirs[row].argmax()
+            compared += 1
+    assert compared > 0
 
 
 def _step(gemma, kv, ids: list[int], start: int, decode: bool) -> np.ndarray:

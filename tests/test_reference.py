@@ -175,7 +175,8 @@ class SelectionBiasIgnored(reference.Weights):
 
 def _swap_rope_pairs(monkeypatch) -> None:
     rope = reference.rope
-    monkeypatch.setattr(reference, "rope", lambda x, hd, rd, base, neox: rope(x, hd, rd, base, not neox))
+    monkeypatch.setattr(reference, "rope",
+                        lambda x, hd, rd, base, neox, **kw: rope(x, hd, rd, base, not neox, **kw))
 
 
 def _renormalise_always(monkeypatch) -> None:

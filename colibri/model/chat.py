@@ -38,7 +38,7 @@ GEMMA_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\n' -}}{%- endif -%}"
 )
 # general.architecture -> the template of a file without one (others: ChatML).
-BUILTIN_TEMPLATES = {"gemma": GEMMA_TEMPLATE, "gemma2": GEMMA_TEMPLATE, "gemma3": GEMMA_TEMPLATE}
+BUILTIN_TEMPLATES = {"gemma3": GEMMA_TEMPLATE}
 
 
 class ChatTemplateError(ColibriError):

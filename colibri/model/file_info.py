@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections import Counter
 
 from colibri.model.hparams import HParams
-from colibri.model.loader import architecture_features
+from colibri.model.loader import unsupported
+from colibri.model.network import ARCHITECTURES
+from colibri.model.network.features import features
 from colibri.store.formats import SUPPORTED
 from colibri.store.gguf import GGUFFile, TensorInfo
 
@@ -33,6 +35,16 @@ def describe(gguf: GGUFFile) -> list[str]:
         f"block types   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}",
         *(f"  {line}" for line in block_type_lines(gguf)),
     ]
+
+
+def architecture_features(gguf: GGUFFile, hp: HParams) -> str:
+    """The architecture's features, or why the engine cannot run it."""
+    arch = ARCHITECTURES.get(hp.arch)
+    if arch is None:
+        return unsupported(hp.arch)
+    if (why := hp.unsupported_rope()) is not None:
+        return why
+    return ", ".join(features(gguf, hp, arch))
 
 
 def block_type_lines(gguf: GGUFFile) -> list[str]:

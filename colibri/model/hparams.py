@@ -41,11 +41,10 @@ class HParams:
     sliding_window: int = 0  # attention.sliding_window: positions a local layer attends to (0: none)
     swa_pattern: int | tuple[bool, ...] | None = None  # attention.sliding_window_pattern: period or per layer
     rope_base_swa: float = 10000.0  # rope.freq_base_swa: the local layers' base (llama.cpp's default)
+    rope_scaling: str = "linear"  # rope.scaling.type (llama.cpp's default); ROPE_SCALINGS: computed
     rope_linear: float = 1.0  # rope.scaling.factor of a "linear" scaling: positions divided by it
-    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: q and k times it (Phi's long RoPE)
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: RoPE's rotated pairs times it (Phi)
     n_ctx_orig: int = 0  # rope.scaling.original_context_length: past it, the long RoPE factors
-    attention_scale: float = 0.0  # attention.scale: of q·k (0: the architecture's rule)
-    logit_softcap: float = 0.0  # final_logit_softcapping: logits = c·tanh(logits / c) (0: none)
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> HParams:
@@ -67,6 +66,7 @@ class HParams:
         embd = gguf.tensors.get("token_embd.weight")
         n_vocab = int(gguf.get(f"{arch}.vocab_size", embd.shape[1] if embd else 0))
         norm = gguf.get(f"{arch}.expert_weights_norm")
+        scaling = str(gguf.get(f"{arch}.rope.scaling.type", "linear"))
         pattern = gguf.get(f"{arch}.attention.sliding_window_pattern")
         if isinstance(pattern, list):
             pattern = tuple(bool(v) for v in pattern)
@@ -97,27 +97,24 @@ class HParams:
             sliding_window=int(opt("attention.sliding_window")),
             swa_pattern=pattern if pattern is None or isinstance(pattern, tuple) else int(pattern),
             rope_base_swa=float(opt("rope.freq_base_swa", 10000.0)),
-            rope_linear=_linear_rope(gguf, arch),
+            rope_scaling=scaling,
+            rope_linear=float(opt("rope.scaling.factor", 0.0) or 1.0) if scaling == "linear" else 1.0,
             rope_attn_factor=float(opt("rope.scaling.attn_factor", 1.0)),
             n_ctx_orig=int(opt("rope.scaling.original_context_length",
-                               gguf.get(f"{arch}.context_length", 0))),
-            attention_scale=float(opt("attention.scale", 0.0)),
-            logit_softcap=float(opt("final_logit_softcapping", 0.0)),
+                               gguf.get(f"{arch}.context_length", 2048))),
         )
 
+    def unsupported_rope(self) -> str | None:
+        """Why the engine cannot compute this file's RoPE, or None: a scaling outside
+        ``ROPE_SCALINGS`` (the loader refuses it; ``coli info`` says it)."""
+        if self.rope_scaling in ROPE_SCALINGS:
+            return None
+        return f"RoPE scaling {self.rope_scaling!r} is not supported (supported: {', '.join(ROPE_SCALINGS)})"
 
-# RoPE scalings computed here: none, and "linear" (positions divided by the factor; llama.cpp's
-# reading of a factor without a type). YaRN changes every frequency and the logits' scale: a file
-# that asks for it is refused rather than run with RoPE it was not trained with. Llama 3's and
-# Phi's long RoPE need no type: the converter bakes them into tensors of per-frequency factors
-# (``rope_freqs``; ``rope_factors_short``/``_long``), which ``decoder.py`` divides by.
-ROPE_SCALINGS = ("none", "linear")
 
-
-def _linear_rope(gguf: GGUFFile, arch: str) -> float:
-    kind = gguf.get(f"{arch}.rope.scaling.type", "linear")
-    factor = float(gguf.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
-    if kind not in ROPE_SCALINGS:
-        raise GGUFError(f"{gguf.path}: RoPE scaling {kind!r} is not supported (supported: "
-                        f"{', '.join(ROPE_SCALINGS)})")
-    return factor if kind == "linear" else 1.0
+# RoPE scalings computed here: none, "linear" (positions divided by the factor; llama.cpp's reading
+# of a factor without a type) and "longrope" (Phi's: the converter bakes it into per-frequency
+# factor tensors, ``rope_factors_short``/``_long``, as it bakes Llama 3's into ``rope_freqs``;
+# ``decoder.py`` divides by them). YaRN changes every frequency and the logits' scale: a file that
+# asks for it is refused rather than run with RoPE it was not trained with.
+ROPE_SCALINGS = ("none", "linear", "longrope")

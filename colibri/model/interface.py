@@ -66,5 +66,7 @@ class EngineModel(Protocol):
 
     def new_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache: ...
 
+    def kv_fingerprint(self, n_ctx: int) -> bytes: ...  # what persisted K/V of this context must match
+
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
                 logit_rows: np.ndarray, n_direct: int, embeds: np.ndarray | None = None) -> np.ndarray: ...

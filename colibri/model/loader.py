@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -12,23 +13,15 @@ from colibri.model.hparams import HParams
 from colibri.model.interface import ExpertTelemetry, StepTimes
 from colibri.model.kv_cache import DEFAULT_KV_TYPE, KV_TYPES, KVCache, kv_type_name
 from colibri.model.network import ARCHITECTURES, Decoder
-from colibri.model.network.features import features
 from colibri.model.text import ModelText
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.experts import Budget
 from colibri.store.gguf import GGUFError, GGUFFile
 
 
-def unsupported(path: Path, arch: str) -> str:
-    return f"{path}: architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
-
-
-def architecture_features(gguf: GGUFFile, hp: HParams) -> str:
-    """``coli info``'s line: the architecture's features, or why it cannot run."""
-    arch = ARCHITECTURES.get(hp.arch)
-    if arch is None:
-        return unsupported(gguf.path, hp.arch)
-    return ", ".join(features(gguf, hp, arch))
+def unsupported(arch: str) -> str:
+    """The one wording of an architecture the engine does not run (``coli run`` and ``coli info``)."""
+    return f"architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"
 
 
 class Model:
@@ -44,7 +37,7 @@ class Model:
         self.hp = HParams.from_gguf(self.gguf)
         arch = ARCHITECTURES.get(self.hp.arch)
         if arch is None:
-            raise GGUFError(unsupported(path, self.hp.arch))
+            raise GGUFError(f"{path}: {unsupported(self.hp.arch)}")
         self.decoder: Decoder = arch(self.gguf, self.hp, ram_budget)
         self.text = ModelText(self.gguf)
         self.fingerprint = self.gguf.fingerprint()
@@ -61,6 +54,14 @@ class Model:
 
     def new_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache:
         return KVCache(self.hp, n_slots, n_ctx, self.kv_type)
+
+    def kv_fingerprint(self, n_ctx: int) -> bytes:
+        """What persisted keys and values for a cache of ``n_ctx`` positions are checked against: the
+        file's fingerprint, and where the keys' RoPE depends on the context (Phi's long factors
+        past the original context), which RoPE: keys rotated one way must not meet queries
+        rotated the other after a restart with another ``--ctx``."""
+        variant = self.decoder.rope_variant(n_ctx)
+        return hashlib.sha256(self.fingerprint + variant.encode()).digest() if variant else self.fingerprint
 
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
                 logit_rows: np.ndarray, n_direct: int = 0, embeds: np.ndarray | None = None) -> np.ndarray:

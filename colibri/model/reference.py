@@ -16,6 +16,7 @@ again each time it is used (a 135M-parameter model: seconds).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,11 +50,10 @@ class Config:
     window: int  # attention.sliding_window: positions a local layer sees (0: no local layers)
     swa_pattern: object  # attention.sliding_window_pattern: a period, a per-layer list, or None
     rope_base_swa: float  # rope.freq_base_swa: the local layers' base
-    rope_linear: float  # rope.scaling.factor of a "linear" scaling (1: none)
-    attn_scale: float  # attention.scale: of q·k (0: 1/sqrt(head_dim))
+    rope_linear: float  # rope.scaling.factor of a "linear" scaling, llama.cpp's default type (1: none)
+    attn_scale: float  # of q·k (0: 1/sqrt(head_dim)); Gemma 3's 27B has its own
     rope_attn: float  # rope.scaling.attn_factor: q and k times it, after RoPE (Phi's long RoPE)
     n_ctx_orig: int  # rope.scaling.original_context_length: longer sequences take the long factors
-    softcap: float  # final_logit_softcapping (0: none)
 
 
 class Weights:
@@ -92,12 +92,11 @@ class Weights:
             window=opt("attention.sliding_window"),
             swa_pattern=opt("attention.sliding_window_pattern", None),
             rope_base_swa=float(opt("rope.freq_base_swa", 10000.0)),
-            rope_linear=float(opt("rope.scaling.factor", 1.0)) if opt("rope.scaling.type", "") == "linear"
-            else 1.0,
-            attn_scale=float(opt("attention.scale", 0.0)),
+            rope_linear=float(opt("rope.scaling.factor", 0.0) or 1.0)
+            if opt("rope.scaling.type", "linear") == "linear" else 1.0,
+            attn_scale=0.0,
             rope_attn=float(opt("rope.scaling.attn_factor", 1.0)),
             n_ctx_orig=opt("rope.scaling.original_context_length", opt("context_length", 0)),
-            softcap=float(opt("final_logit_softcapping", 0.0)),
         )
 
     def meta(self, key: str, default: object = _REQUIRED) -> object:
@@ -253,16 +252,13 @@ def softmax_routing(logits: np.ndarray, k: int, renormalise: bool) -> tuple[np.n
 
 def output(w: Weights, x: np.ndarray) -> np.ndarray:
     """The final norm and the output matrix (the embedding's when the file has no ``output``),
-    in slices of rows so that a large vocabulary's matrix is never all in float64 at once; then
-    the soft cap, where the file has one."""
+    in slices of rows so that a large vocabulary's matrix is never all in float64 at once."""
     h = rms_norm(x, w["output_norm.weight"], w.config.eps)
     name = "output.weight" if "output.weight" in w else "token_embd.weight"
     n_vocab = w.tensors[name].data.shape[0]
-    logits = np.concatenate(
+    return np.concatenate(
         [h @ w.rows(name, slice(a, a + 8192)).T for a in range(0, n_vocab, 8192)], axis=1
     )
-    cap = w.config.softcap
-    return cap * np.tanh(logits / cap) if cap else logits
 
 
 def linear(w: Weights, name: str, h: np.ndarray) -> np.ndarray:
@@ -436,12 +432,13 @@ def gemma3(w: Weights, ids: np.ndarray) -> np.ndarray:
     """Gemma 3. Embeddings times sqrt(n_embd); a layer: ``x += post_norm(attention(rms_norm(x)))``,
     ``x += post_ffw_norm(geglu(rms_norm(x)))`` with the tanh GELU; per-head q/k norms, NEOX
     RoPE; sliding-window layers with their own RoPE base (``gemma3_local``); q·k scaled by
-    ``attention.scale``, else 1/sqrt(head_dim) (1/sqrt(n_embd / n_heads) for the 62-layer 27B).
-    The norms' weights hold Gemma's +1 already (the converter adds it)."""
+    1/sqrt(head_dim) (1/sqrt(n_embd / n_heads) for the 62-layer 27B). The norms' weights hold
+    Gemma's +1 already (the converter adds it)."""
+    n_embd = w.meta(f"{w.config.arch}.embedding_length")
+    if w.config.n_layers == 62:  # (a copy: the caller's Weights keep their config)
+        w = copy.copy(w)
+        w.config = replace(w.config, attn_scale=1.0 / np.sqrt(n_embd // w.config.n_heads))
     c = w.config
-    n_embd = w.meta(f"{c.arch}.embedding_length")
-    if not c.attn_scale and c.n_layers == 62:
-        w.config = c = replace(c, attn_scale=1.0 / np.sqrt(n_embd // c.n_heads))
     x = w.rows("token_embd.weight", ids) * np.float64(np.float32(np.sqrt(n_embd)))
     for i in range(c.n_layers):
         p = f"blk.{i}."

@@ -80,7 +80,7 @@ async def save_snapshot(engine: Engine, slot: int, path: Path, meta: bytes) -> N
     with no request on the slot (the session answers BUSY during a turn)."""
     history = list(engine.slots[slot].history)
     await trio.to_thread.run_sync(lambda: persist.save_snapshot(
-        path, history, *engine.kv.slot(slot), engine.model_fp, meta))
+        path, history, *engine.kv.slot(slot), engine.kv_fp, meta))
 
 
 # What a snapshot keeps of the session beside the slot: (stream id, messages, SET_SYSTEM's object,
@@ -105,7 +105,7 @@ async def load_snapshot(engine: Engine, slot: int, path: Path) -> bytes:
     loaded raises persist.SnapshotError and leaves the slot as it was."""
 
     def run() -> bytes:
-        tokens, meta = persist.load_snapshot(path, engine.model_fp, *engine.kv.slot(slot), engine.n_ctx,
+        tokens, meta = persist.load_snapshot(path, engine.kv_fp, *engine.kv.slot(slot), engine.n_ctx,
                                              engine.model.hp.n_vocab)
         engine.slots[slot].history = tokens
         return meta

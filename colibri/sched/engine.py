@@ -70,7 +70,8 @@ class Engine:
         self.idle = trio.Event()
         self.idle.set()
         self.stop_ids = model.tokenizer.stop_ids
-        self.model_fp = model.fingerprint
+        self.model_fp = model.fingerprint  # the routing heat's
+        self.kv_fp = model.kv_fingerprint(n_ctx)  # the slots' and snapshots' K/V
         self.experts = model.experts
 
     # ------------------------------------------------------------------ state
@@ -84,7 +85,7 @@ class Engine:
             persist.remove_stale_temps(self.state_dir)
             for slot in self.slots:
                 tokens = persist.load_slot(
-                    self.state_dir, slot.index, self.model_fp,
+                    self.state_dir, slot.index, self.kv_fp,
                     *self.kv.slot(slot.index), self.n_ctx, self.model.hp.n_vocab,
                 )
                 slot.history = tokens or []
@@ -103,7 +104,7 @@ class Engine:
         try:
             await trio.to_thread.run_sync(
                 lambda: persist.save_slot(self.state_dir, slot.index, history, *self.kv.slot(slot.index),
-                                          self.model_fp)
+                                          self.kv_fp)
             )
         except OSError as e:
             warn(f"slot {slot.index} not persisted: {e}")

@@ -36,7 +36,7 @@ from colibri.model.network.layers import (
 from colibri.model.network.moe import GATING_SOFTMAX, load_moe_ffn, routing
 from colibri.model.network.weights import named_norm, optional_vector
 from colibri.store.experts import Budget, ExpertStore
-from colibri.store.gguf import GGUFFile
+from colibri.store.gguf import GGUFError, GGUFFile
 
 
 class Entry:
@@ -95,8 +95,8 @@ class Decoder:
         return pattern == 0 or layer % pattern < pattern - 1
 
     def query_scale(self, hp: HParams) -> float:
-        """The scale of q·k: the file's, else 1/sqrt(head_dim)."""
-        return hp.attention_scale or 1.0 / math.sqrt(hp.head_dim)
+        """The scale of q·k: 1/sqrt(head_dim) (llama.cpp reads no file's own for these families)."""
+        return 1.0 / math.sqrt(hp.head_dim)
 
     def embedding_scale(self, hp: HParams) -> float:
         """What the token embeddings are multiplied by (gemma: sqrt(n_embd))."""
@@ -117,7 +117,9 @@ class Decoder:
         (None: no limit)."""
         self.hp = hp
         self.embedding = Embedding(gguf, hp.n_embd)
-        self.head = OutputHead(gguf, hp.n_embd, hp.norm_eps, hp.logit_softcap)
+        if (why := hp.unsupported_rope()) is not None:
+            raise GGUFError(f"{gguf.path}: {why}")
+        self.head = OutputHead(gguf, hp.n_embd, hp.norm_eps)
         self.experts = ExpertStore(gguf, hp.n_layers, hp.n_expert, hp.n_expert_used, ram_budget)
         rule = routing(hp, self.GATING, norm=self.NORM_TOPK)
         # Per-frequency RoPE divisors: Llama 3's; or Phi's short ones, and its long ones for a cache
@@ -126,6 +128,8 @@ class Decoder:
         if short.shape[0] == 0:
             short = optional_vector(gguf, "rope_factors_short.weight")
         long = optional_vector(gguf, "rope_factors_long.weight")
+        if hp.rope_scaling == "longrope" and long.shape[0] == 0:
+            raise GGUFError(f"{gguf.path}: RoPE scaling 'longrope' without its factors (rope_factors_long)")
         self.embed_scale = np.float32(self.embedding_scale(hp))
         self.attn, self.ffn_norm, self.ffn, self.moe = [], [], [], []
         self.shapes, self.inv_freq, self.inv_freq_long = [], [], []
@@ -135,20 +139,32 @@ class Decoder:
             norms = FFNNorms(named_norm(gguf, p, self.FFN_NORM), named_norm(gguf, p, self.FFN_POST_NORM))
             self.ffn_norm.append(norms)
             moe = self.is_moe(gguf, hp, i)
+            if moe and (self.GELU or self.FFN_POST_NORM):  # the experts' call knows neither
+                raise NotImplementedError(f"{hp.arch}: a MoE layer with GeGLU or an FFN post-norm")
             self.moe.append(load_moe_ffn(gguf, i, rule, self.experts) if moe else None)
             self.ffn.append(None if moe else load_ffn(gguf, p))
             window = hp.sliding_window if self.is_sliding(hp, i) else 0
-            self.shapes.append(LayerShape(hp.n_heads, hp.n_kv_heads, hp.head_dim, hp.norm_eps, self.NEOX,
-                                          self.query_scale(hp), window, self.GELU, hp.rope_attn_factor))
+            self.shapes.append(LayerShape(hp.n_heads, hp.n_kv_heads, hp.head_dim, float(hp.norm_eps),
+                                          self.NEOX, float(self.query_scale(hp)), window, self.GELU,
+                                          float(hp.rope_attn_factor)))
             self.inv_freq.append(self.layer_frequencies(hp, i, short.astype(np.float64)))
             self.inv_freq_long.append(self.layer_frequencies(hp, i, long.astype(np.float64)))
         if long.shape[0] == 0:
             self.inv_freq_long = self.inv_freq
-        alike = (same_types(dense_layer, self.attn) and same_types(dense_layer, self.ffn_norm)
-                 and same_types(dense_layer, [f for f in self.ffn if f is not None]))
+        alike = all(same_types(dense_layer, values) for values in (
+            self.attn, self.ffn_norm, [f for f in self.ffn if f is not None], self.shapes,
+            self.inv_freq + self.inv_freq_long))
         self.dense_layer = Entry(dense_layer) if alike else dense_layer
         self.attention_then_norm = Entry(attention_then_norm) if alike else attention_then_norm
         self.step_times = StepTimes()
+
+    def rope_variant(self, n_ctx: int) -> str:
+        """"": the same RoPE at any context; else "short" or "long": Phi's factors, the long ones for a
+        cache longer than the original context (llama.cpp's choice: by the context, not the
+        position)."""
+        if self.inv_freq_long is self.inv_freq:
+            return ""
+        return "long" if n_ctx > self.hp.n_ctx_orig else "short"
 
     def forward(
         self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
@@ -174,7 +190,7 @@ class Decoder:
                 raise ValueError(f"soft input rows must be [rows, {self.hp.n_embd}], got {list(x.shape)}")
             h = np.empty_like(x)
             t_attn = 0.0
-            inv_freq = self.inv_freq_long if kv.n_ctx > self.hp.n_ctx_orig else self.inv_freq
+            inv_freq = self.inv_freq_long if self.rope_variant(kv.n_ctx) == "long" else self.inv_freq
             for i in range(self.hp.n_layers):
                 args = (self.shapes[i], kv.k, kv.v, i, slots, positions, inv_freq[i], n_direct)
                 if self.moe[i] is None:

@@ -35,12 +35,10 @@ class Embedding:
 
 
 class OutputHead:
-    """The final norm and the output matrix (the embedding's, packed, when they are tied); with
-    ``softcap`` > 0, logits squashed to ``softcap · tanh(logits / softcap)`` (Gemma 2's
-    final_logit_softcapping)."""
+    """The final norm and the output matrix (the embedding's, packed, when they are tied)."""
 
-    def __init__(self, gguf: GGUFFile, n_embd: int, eps: float, softcap: float = 0.0) -> None:
-        self.n_embd, self.eps, self.softcap = n_embd, eps, np.float32(softcap)
+    def __init__(self, gguf: GGUFFile, n_embd: int, eps: float) -> None:
+        self.n_embd, self.eps = n_embd, eps
         self.norm = load_vector(gguf, "output_norm.weight")
         has_output = "output.weight" in gguf.tensors
         self.output = load_weight(gguf, "output.weight" if has_output else "token_embd.weight")
@@ -52,6 +50,4 @@ class OutputHead:
         rmsnorm(np.ascontiguousarray(x[logit_rows]), self.norm, self.eps, h)
         logits = np.empty((h.shape[0], self.output.n_rows), np.float32)
         qmatmul(h, self.output, logits, h.shape[0])
-        if self.softcap > 0:
-            logits = (self.softcap * np.tanh(logits / self.softcap)).astype(np.float32)
         return logits

@@ -37,8 +37,11 @@ def features(gguf: GGUFFile, hp: HParams, arch: type[Decoder]) -> list[str]:
         out.append(f"linear rope scaling x{hp.rope_linear:g}")
     if "rope_freqs.weight" in gguf.tensors:
         out.append("rope frequency factors (Llama 3 scaling)")
-    if hp.logit_softcap:
-        out.append(f"logit softcap {hp.logit_softcap:g}")
+    if "rope_factors_long.weight" in gguf.tensors:
+        out.append(f"long rope factors past {hp.n_ctx_orig} positions (attention factor "
+                   f"{hp.rope_attn_factor:.4g})")
+    if hp.sliding_window and not sliding:
+        out.append(f"the file's sliding window ({hp.sliding_window}) not applied, as llama.cpp")
     if hp.n_expert:
         out.append(f"{hp.n_expert} experts, top {hp.n_expert_used}")
     if "output.weight" not in gguf.tensors:

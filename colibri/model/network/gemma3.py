@@ -4,8 +4,8 @@ A layer: ``x += post_attention_norm(attention(rmsnorm(x)))``, then
 ``x += post_ffw_norm(ffn(rmsnorm(x, ffn_norm)))``: every branch normed before and after.
 
 - Attention: NEOX RoPE; per-head RMSNorm of q and k (``attn_q_norm``, ``attn_k_norm``); one kv
-  head for several query heads; q·k scaled by ``attention.scale`` when the file has it, else
-  1/sqrt(head_dim) (llama.cpp's rule: the 27B, 62 layers, takes 1/sqrt(n_embd / n_heads)).
+  head for several query heads; q·k scaled by 1/sqrt(head_dim) (llama.cpp's rule, after Google's
+  config: the 27B, 62 layers, takes 1/sqrt(n_embd / n_heads)).
 - Sliding-window layers: five local layers, then a global one (``attention.sliding_window_pattern``
   overrides the period); a local layer attends to the last ``attention.sliding_window`` positions
   with RoPE base ``rope.freq_base_swa`` (10000 where absent), a global one to all positions with
@@ -32,8 +32,6 @@ class Gemma3Decoder(Decoder):
     SWA_PERIOD = 6
 
     def query_scale(self, hp: HParams) -> float:
-        if hp.attention_scale:
-            return hp.attention_scale
         if hp.n_layers == LAYERS_27B:
             return 1.0 / math.sqrt(hp.n_embd // hp.n_heads)
         return 1.0 / math.sqrt(hp.head_dim)
