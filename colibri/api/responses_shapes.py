@@ -160,47 +160,45 @@ class EventStream:
         return [self.frame("response.created", response=started),
                 self.frame("response.in_progress", response=started)]
 
-    def message_start(self, index: int, item_id: str) -> list[Event]:
+    def _opened(self, index: int, item_id: str, item: dict[str, Any], part: dict[str, Any]) -> list[Event]:
+        """An output item with one content part, opened (a message's or a reasoning's)."""
+        return [
+            self.frame("response.output_item.added", output_index=index, item=item),
+            self.frame("response.content_part.added", item_id=item_id, output_index=index, content_index=0,
+                       part=part),
+        ]
+
+    def _closed(self, index: int, item_id: str, done: str, text: str, part: dict[str, Any],
+                item: dict[str, Any], **extra: Any) -> list[Event]:
+        """Its text done (event ``done``), its part done, the item done."""
         where = {"item_id": item_id, "output_index": index, "content_index": 0}
         return [
-            self.frame("response.output_item.added", output_index=index,
-                       item=message_item(item_id, None, "in_progress")),
-            self.frame("response.content_part.added", **where, part=output_text("")),
+            self.frame(done, **where, text=text, **extra),
+            self.frame("response.content_part.done", **where, part=part),
+            self.frame("response.output_item.done", output_index=index, item=item),
         ]
+
+    def message_start(self, index: int, item_id: str) -> list[Event]:
+        return self._opened(index, item_id, message_item(item_id, None, "in_progress"), output_text(""))
 
     def text_delta(self, index: int, item_id: str, delta: str) -> Event:
         return self.frame("response.output_text.delta", item_id=item_id, output_index=index,
                           content_index=0, delta=delta, logprobs=[])
 
     def message_end(self, index: int, item_id: str, text: str, status: str) -> list[Event]:
-        where = {"item_id": item_id, "output_index": index, "content_index": 0}
-        return [
-            self.frame("response.output_text.done", **where, text=text, logprobs=[]),
-            self.frame("response.content_part.done", **where, part=output_text(text)),
-            self.frame("response.output_item.done", output_index=index,
-                       item=message_item(item_id, text, status)),
-        ]
+        return self._closed(index, item_id, "response.output_text.done", text, output_text(text),
+                            message_item(item_id, text, status), logprobs=[])
 
     def reasoning_start(self, index: int, item_id: str) -> list[Event]:
-        where = {"item_id": item_id, "output_index": index, "content_index": 0}
-        return [
-            self.frame("response.output_item.added", output_index=index,
-                       item=reasoning_item(item_id, None, "in_progress")),
-            self.frame("response.content_part.added", **where, part=reasoning_text("")),
-        ]
+        return self._opened(index, item_id, reasoning_item(item_id, None, "in_progress"), reasoning_text(""))
 
     def reasoning_delta(self, index: int, item_id: str, delta: str) -> Event:
         return self.frame("response.reasoning_text.delta", item_id=item_id, output_index=index,
                           content_index=0, delta=delta)
 
     def reasoning_end(self, index: int, item_id: str, text: str, status: str) -> list[Event]:
-        where = {"item_id": item_id, "output_index": index, "content_index": 0}
-        return [
-            self.frame("response.reasoning_text.done", **where, text=text),
-            self.frame("response.content_part.done", **where, part=reasoning_text(text)),
-            self.frame("response.output_item.done", output_index=index,
-                       item=reasoning_item(item_id, text, status)),
-        ]
+        return self._closed(index, item_id, "response.reasoning_text.done", text, reasoning_text(text),
+                            reasoning_item(item_id, text, status))
 
     def function_call(self, index: int, call: dict[str, Any], item_id: str,
                       namespace: str | None = None) -> list[Event]:
