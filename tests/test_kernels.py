@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import llvmlite.binding as llvm
+import numba as nb
 import numpy as np
 import pytest
 
@@ -15,6 +16,7 @@ from colibri.model.kernels.attention import attend, store_kv
 from colibri.model.kernels.int8_matmul import LEVELS, int8_matmul, quantize_rows
 from colibri.model.kernels.ops import add_into, exp_into, rmsnorm, rope, rope_frequencies, swiglu
 from colibri.model.kernels.quant_matmul import qmatmul
+from colibri.model.kernels.simd import LANES, load_floats, store_floats, sum_lanes, sum_lanes16
 from colibri.store.blocks import IN_PLACE, dequantize, dequantize_row
 from colibri.store.formats import BLOCK_GEOMETRY, SUPPORTED, GGMLType, quantize
 from colibri.store.packed import (
@@ -437,4 +439,54 @@ def test_attention_ragged_batch_two_slots_gqa():
         alone = np.full_like(q[t : t + 1], np.nan)
         row_slot, row_pos = np.array(slots[t : t + 1]), np.array(positions[t : t + 1])
         attend(q[t : t + 1], k_cache, v_cache, layer, row_slot, row_pos, n_heads, n_kv, alone)
+        assert np.array_equal(alone[0], out[t])
+
+
+@nb.njit(cache=False)
+def _sums_by_tree(a: np.ndarray, out: np.ndarray) -> None:
+    store_floats(out, 0, 0, sum_lanes16(a, 0), LANES)
+
+
+@nb.njit(cache=False)
+def _sums_one_by_one(a: np.ndarray, out: np.ndarray) -> None:
+    for i in range(LANES):
+        out[0, i] = sum_lanes(load_floats(a, i * LANES))
+
+
+def test_sum_lanes16_adds_each_vector_as_sum_lanes():
+    """The transposing tree gives each of its 16 sums the bits ``sum_lanes`` gives it alone
+    (attention's scores are summed 16 keys at a time, a prompt's tail and a decode one at a time)."""
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        a = (rng.standard_normal((LANES, LANES)) * 10.0 ** rng.integers(-6, 7, (LANES, LANES)))
+        a = a.astype(np.float32)
+        tree, alone = np.empty((1, LANES), np.float32), np.empty((1, LANES), np.float32)
+        _sums_by_tree(a, tree)
+        _sums_one_by_one(a, alone)
+        assert np.array_equal(tree.view(np.uint32), alone.view(np.uint32))
+
+
+@pytest.mark.parametrize(("n_heads", "n_kv", "head_dim"), [(9, 3, 64), (8, 1, 80), (4, 4, 32)])
+def test_attention_long_rows_match_reference_and_themselves_alone(n_heads, n_kv, head_dim):
+    """Rows long enough for the 16-key blocks and a tail (positions 15 .. 70): each within the
+    reference, each bitwise what it is alone."""
+    n_ctx, rng = 72, np.random.default_rng(11)
+    k_cache = np.zeros((1, 1, n_ctx, n_kv, head_dim), np.uint16)
+    v_cache = np.zeros_like(k_cache)
+    keys = rng.standard_normal((n_ctx, n_kv * head_dim)).astype(np.float32)
+    values = rng.standard_normal((n_ctx, n_kv * head_dim)).astype(np.float32)
+    every = np.arange(n_ctx, dtype=np.int64)
+    store_kv(keys, values, k_cache, v_cache, 0, np.zeros(n_ctx, np.int64), every, n_kv, head_dim)
+    positions = np.array([15, 16, 17, 31, 32, 47, 70], np.int64)
+    q = (rng.standard_normal((len(positions), n_heads * head_dim)) * 2).astype(np.float32)
+    out = np.full_like(q, np.nan)
+    slots = np.zeros(len(positions), np.int64)
+    attend(q, k_cache, v_cache, 0, slots, positions, n_heads, n_kv, out)
+    half_k = keys.astype(np.float16).reshape(n_ctx, n_kv, head_dim)
+    half_v = values.astype(np.float16).reshape(n_ctx, n_kv, head_dim)
+    for t, p in enumerate(positions):
+        ref = attention_reference(q[t], half_k[: p + 1], half_v[: p + 1], n_heads, n_kv, head_dim)
+        np.testing.assert_allclose(out[t], ref, rtol=1e-4, atol=1e-5)
+        alone = np.full_like(q[t : t + 1], np.nan)
+        attend(q[t : t + 1], k_cache, v_cache, 0, slots[:1], positions[t : t + 1], n_heads, n_kv, alone)
         assert np.array_equal(alone[0], out[t])

@@ -26,6 +26,7 @@ from colibri.model.kernels.simd import (
     store_floats,
     sum_lanes,
     sum_lanes4,
+    sum_lanes16,
     zeros_float,
 )
 from colibri.store.halves import stored
@@ -76,11 +77,10 @@ def _lanes(row, at: int, c: int, width: int):  # noqa: ANN001, ANN202
 
 
 @nb.njit(inline="always", **KERNEL)
-def _dots(q, q0: int, keys, at: int, head_dim: int, m: int):  # noqa: ANN001, ANN202
-    """Query heads ``q0, q0 + head_dim, ..`` (m of them, 1..HEADS) dotted with the key at ``at``,
-    each in two sums (a vector's even and odd runs of 16 values: one head alone is not one chain
-    of dependent multiply-adds). Each head's sum takes the same steps whatever ``m``
-    (``sum_lanes4`` adds as ``sum_lanes``)."""
+def _dot_lanes(q, q0, keys, at: int, head_dim: int, m: int):  # noqa: ANN001, ANN202
+    """Query heads ``q0, q0 + head_dim, ..`` (m of them, 1..HEADS) times the key at ``at``, lane by
+    lane, before the sum across lanes: each head's products in two sums (a vector's even and odd
+    runs of 16 values: one head alone is not one chain of dependent multiply-adds), added."""
     a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = zeros_float()
     for c in range(0, head_dim, 2 * LANES):
         k, u = _lanes(keys, at, c, head_dim), _lanes(keys, at, c + LANES, head_dim)
@@ -95,9 +95,37 @@ def _dots(q, q0: int, keys, at: int, head_dim: int, m: int):  # noqa: ANN001, AN
         if m > 3:
             a3 = fma_float(_lanes(q, q0 + 3 * head_dim, c, head_dim), k, a3)
             b3 = fma_float(_lanes(q, q0 + 3 * head_dim, c + LANES, head_dim), u, b3)
+    return add_float(a0, b0), add_float(a1, b1), add_float(a2, b2), add_float(a3, b3)
+
+
+@nb.njit(inline="always", **KERNEL)
+def _dots(q, q0, keys, at: int, head_dim: int, m: int):  # noqa: ANN001, ANN202
+    """``_dot_lanes`` summed across lanes: the m heads' dot products with one key. Each head's sum
+    takes the same steps whatever ``m`` (``sum_lanes4`` adds as ``sum_lanes``)."""
+    s0, s1, s2, s3 = _dot_lanes(q, q0, keys, at, head_dim, m)
     if m == 1:  # (a kv head of one query head)
-        return sum_lanes(add_float(a0, b0)), np.float32(0.0), np.float32(0.0), np.float32(0.0)
-    return sum_lanes4(add_float(a0, b0), add_float(a1, b1), add_float(a2, b2), add_float(a3, b3))
+        return sum_lanes(s0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
+    return sum_lanes4(s0, s1, s2, s3)
+
+
+@nb.njit(inline="always", **KERNEL)
+def _scores16(q, q0, keys, at0: int, stride: int, head_dim: int, m: int, scale32, partial,  # noqa: ANN001
+              scores, p: int) -> None:
+    """``scores[j, p .. p + 16]`` for the m heads: 16 keys' lane products kept (``partial``), then
+    summed 16 at a time by one transposing tree, each sum in ``_dots``'s order (the same bits as
+    one key at a time, for a third of the additions and shuffles)."""
+    for i in range(LANES):
+        s0, s1, s2, s3 = _dot_lanes(q, q0, keys, at0 + i * stride, head_dim, m)
+        store_floats(partial, i, 0, s0, LANES)
+        if m > 1:
+            store_floats(partial, LANES + i, 0, s1, LANES)
+        if m > 2:
+            store_floats(partial, 2 * LANES + i, 0, s2, LANES)
+        if m > 3:
+            store_floats(partial, 3 * LANES + i, 0, s3, LANES)
+    for j in range(m):
+        sums = sum_lanes16(partial, j * LANES * LANES)
+        store_floats(scores, j, p, mul_float(sums, splat_float(scale32)), LANES)
 
 
 @nb.njit(inline="always", **KERNEL)
@@ -131,8 +159,12 @@ def _attend_heads(q: np.ndarray, keys: np.ndarray, values: np.ndarray, lo: int, 
     head_dim, stride = keys.shape[2], keys.shape[1] * keys.shape[2]
     scale32 = np.float32(scale)
     scores, e = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
-    q0 = h0 * head_dim
-    for p in range(n):
+    partial = np.empty((HEADS * LANES, LANES), np.float32)
+    q0, at0 = h0 * head_dim, lo * stride + kh * head_dim
+    whole = n - n % LANES
+    for p in range(0, whole, LANES):
+        _scores16(q, q0, keys, at0 + p * stride, stride, head_dim, m, scale32, partial, scores, p)
+    for p in range(whole, n):
         sums = _dots(q, q0, keys, (lo + p) * stride + kh * head_dim, head_dim, m)
         for j in range(m):
             scores[j, p] = sums[j] * scale32

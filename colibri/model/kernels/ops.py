@@ -110,13 +110,32 @@ def rope(
                 x[t, j + other] = a * s + b * c
 
 
+# Running maxima kept apart: a maximum is exact in any order, and one running maximum is a chain of
+# dependent compares that no vectorizer may split (without "nnan", a NaN could move).
+_PEAKS = 16
+
+
+@nb.njit(inline="always", **KERNEL)
+def _peak(x: np.ndarray) -> np.float32:
+    """``max(x)`` (-inf when empty)."""
+    peaks = np.full(_PEAKS, -np.inf, np.float32)
+    whole = x.shape[0] - x.shape[0] % _PEAKS
+    for i in range(0, whole, _PEAKS):
+        for j in range(_PEAKS):
+            peaks[j] = max(peaks[j], x[i + j])
+    peak = np.float32(-np.inf)
+    for i in range(whole, x.shape[0]):
+        peak = max(peak, x[i])
+    for j in range(_PEAKS):
+        peak = max(peak, peaks[j])
+    return peak
+
+
 @nb.njit(**KERNEL)
 def exp_from_peak(x: np.ndarray, out: np.ndarray) -> np.float32:
     """``out = exp(x - max(x))`` (``x`` is left shifted by its max) and the sum of ``out``: a
     softmax's numerators and denominator. ``out`` must not overlap ``x``."""
-    peak = np.float32(-np.inf)
-    for i in range(x.shape[0]):
-        peak = max(peak, x[i])
+    peak = _peak(x)
     for i in range(x.shape[0]):
         x[i] -= peak
     exp_into(x, out)

@@ -366,3 +366,32 @@ def sum_lanes4(typingctx, a, b, c, d):  # noqa: ANN001, ANN201
         parts = [builder.extract_element(z, ir.Constant(_I32, i)) for i in range(4)]
         return context.make_tuple(builder, sig.return_type, parts)
     return types.UniTuple(types.float32, 4)(a, b, c, d), codegen
+
+
+def _fold(builder, x, y, width: int):  # noqa: ANN001, ANN202
+    """One step of ``sum_lanes``'s tree on two vectors each holding ``LANES // width`` partial sums
+    of ``width`` lanes: the result holds twice as many, of half the width, x's then y's."""
+    lanes = [q + i for q in range(0, 2 * LANES, width) for i in range(width // 2)]
+    return _added(builder, x, y, lanes, width // 2)
+
+
+@intrinsic
+def sum_lanes16(typingctx, arr, idx):  # noqa: ANN001, ANN201
+    """The 16 vectors stored from element ``idx`` of a float32 array (vector i at ``idx + 16 i``),
+    each summed in ``sum_lanes``'s order, lane i holding vector i's sum: a transposing tree of 15
+    additions (and their shuffles) for 16 sums, where ``sum_lanes`` takes 4 for one."""
+    _check_c(arr)
+    if arr.dtype != types.float32:
+        raise TypingError(f"simd.sum_lanes16: needs float32, got {arr}")
+
+    def codegen(context, builder, sig, args):  # noqa: ANN001, ANN202
+        idx = context.cast(builder, args[1], sig.args[1], types.intp)
+        vs = [builder.load(_address(context, builder, sig.args[0], args[0],
+                                    builder.add(idx, ir.Constant(idx.type, LANES * i)), _VF), align=4)
+              for i in range(LANES)]
+        width = LANES
+        while len(vs) > 1:
+            vs = [_fold(builder, vs[i], vs[i + 1], width) for i in range(0, len(vs), 2)]
+            width //= 2
+        return vs[0]
+    return f32x16(arr, idx), codegen
