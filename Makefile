@@ -19,12 +19,29 @@ NGINX_STAMP := $(VENV)/.nginx-installed
 NGINX := /usr/sbin/nginx
 NGINX_NOTE := $(VENV)/.nginx-missing
 NGINX_LOG := $(VENV)/.nginx-apt.log
+# The coding agents that tests/test_clients_agents.py drives, unchanged, against `coli serve`: the
+# npm ones into $(AGENTS_DIR) (`npm install --prefix`, nothing global), aider into a venv of its own
+# (it pins exact versions of openai, litellm, numpy, ... that would move the test venv's). Node.js
+# and npm come from Debian (apt_once) when the machine has no npm; only when there is still none
+# does $(AGENTS_NOTE) say why, and the npm clients' tests skip with it. A failed `npm install` or
+# `pip install` is not a skip: it is printed, its log kept, the stamp left unmade, the tests fail.
+AGENTS_STAMP := $(VENV)/.agents-installed
+AGENTS_DIR := $(VENV)/agents
+AGENTS_NOTE := $(VENV)/.agents-missing
+AGENTS_LOG := $(VENV)/.agents-install.log
+NODE_STAMP := $(VENV)/.node-installed
+NODE_LOG := $(VENV)/.node-apt.log
+NPM := $(or $(shell command -v npm 2>/dev/null),/usr/bin/npm)
+AIDER_VENV := $(VENV)/aider
+# The releases the tests and docs/api.md's "Coding agents" were checked with; override to try others.
+NPM_AGENTS ?= @openai/codex@0.171.0 opencode-ai@1.18.33 @continuedev/cli@1.5.47
+AIDER_PACKAGE ?= aider-chat==0.86.2
 # llama.cpp as the benchmark peer: the default native build crashes in its AMX path on these
 # machines (see tests/data/golden/README.md).
 PEER_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
 	-DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF
 
-.PHONY: install serve test test-long screenshots lint bench peer clean fuzz
+.PHONY: install serve test test-long screenshots lint bench peer clean fuzz agents
 
 install: $(STAMP) $(MODEL_STAMP)
 	@:
@@ -70,12 +87,12 @@ FAST_COUNTS := COLI_CRASH_ROUNDS=20 COLI_LEAK_SAMPLES=96 COLI_SOAK_S=20 COLI_SCR
 # process, as plain pytest (a single file, `-s` debugging).
 WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
-test: install $(PEER_STAMP) $(GEMMA_STAMP) $(BROWSER_STAMP) $(NGINX_STAMP)
+test: install $(PEER_STAMP) $(GEMMA_STAMP) $(BROWSER_STAMP) $(NGINX_STAMP) $(AGENTS_STAMP)
 	$(BIN)/ruff check colibri tests bench tools fuzz
 	$(BIN)/lint-imports
 	$(FAST_COUNTS) $(PYTEST)
 
-test-long: install $(PEER_STAMP) $(GEMMA_STAMP) $(BROWSER_STAMP) $(NGINX_STAMP)
+test-long: install $(PEER_STAMP) $(GEMMA_STAMP) $(BROWSER_STAMP) $(NGINX_STAMP) $(AGENTS_STAMP)
 	COLI_CRASH_ROUNDS=100 COLI_LEAK_SAMPLES=200 COLI_SOAK_S=300 COLI_SCREENSHOT_DIR=test-artifacts $(PYTEST)
 
 screenshots: install $(BROWSER_STAMP)
@@ -127,6 +144,26 @@ $(BROWSER_STAMP): | $(VENV)/bin/python
 # nginx for the replicas test (tests/test_deploy_nginx.py runs it with `nginx -p DIR -c FILE`).
 $(NGINX_STAMP): | $(VENV)/bin/python
 	$(call apt_once,nginx,$(NGINX),nginx,$(NGINX_LOG),$(NGINX_NOTE),the replicas test,$(NGINX) -v 2>&1)
+
+# Node.js and npm for the coding agents, from Debian when npm is not on PATH already.
+$(NODE_STAMP): | $(VENV)/bin/python
+	$(call apt_once,npm,$(NPM),nodejs npm,$(NODE_LOG),$(AGENTS_NOTE),the coding agents' tests,echo node $$(node --version) npm $$($(NPM) --version))
+
+agents: install $(AGENTS_STAMP)
+	@:
+
+$(AGENTS_STAMP): $(NODE_STAMP)
+	@ok=1; if [ -s $(AGENTS_NOTE) ]; then echo "agents (npm): $$(cat $(AGENTS_NOTE))"; \
+	elif echo "npm install $(NPM_AGENTS)" && $(NPM) install --prefix $(AGENTS_DIR) --no-audit --no-fund \
+			--loglevel=error $(NPM_AGENTS) >$(AGENTS_LOG) 2>&1; then \
+		for b in codex opencode cn; do echo "$$b: $$($(AGENTS_DIR)/node_modules/.bin/$$b --version 2>&1 | head -n 1)"; done; \
+	else ok=0; echo "npm install failed (the agents' tests will fail), $(AGENTS_LOG):"; tail -n 15 $(AGENTS_LOG); fi; \
+	if [ ! -x $(AIDER_VENV)/bin/python ]; then $(PYTHON) -m venv $(AIDER_VENV); fi; \
+	if $(AIDER_VENV)/bin/pip install -q $(AIDER_PACKAGE) >>$(AGENTS_LOG) 2>&1; then \
+		echo "aider: $$($(AIDER_VENV)/bin/aider --version 2>&1 | tail -n 1)"; \
+	else ok=0; echo "pip install $(AIDER_PACKAGE) failed (the aider test will fail), $(AGENTS_LOG):"; \
+		tail -n 15 $(AGENTS_LOG); fi; \
+	if [ $$ok = 1 ]; then touch $@; fi
 
 # The `make bench` table, colibri against llama.cpp on the same file, 2 threads each: the default model,
 # its Q4_K_M requantization (made once by llama.cpp's quantizer, cached in .bench-cache/ with

@@ -250,9 +250,20 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
         body_timeout_s=limits["body_timeout"], max_requests=limits["max_requests"],
         keep_alive_s=limits["keep_alive"], write_timeout_s=limits["write_timeout"],
         drain_timeout_s=limits["drain_timeout"],
-        prefix_share=prefix_share, replica_id=replica_id,
+        prefix_share=prefix_share, replica_id=replica_id, sampling_defaults=_sampling_defaults(args),
     )
     return run_server(cfg)
+
+
+def _sampling_defaults(args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
+    """--temperature and --top-p as given, each checked against OpenAI's range here, once."""
+    given = {s.name: settings.resolve(args, s) for s in settings.SAMPLING_DEFAULTS}
+    temperature, top_p = given["temperature"], given["top_p"]
+    if temperature is not None and not 0 <= temperature <= 2:
+        raise ColibriError(f"--temperature must be 0-2, got {temperature}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ColibriError(f"--top-p must be above 0 and at most 1, got {top_p}")
+    return tuple((name, value) for name, value in given.items() if value is not None)
 
 
 def cmd_deploy_nginx(args: argparse.Namespace) -> int:
@@ -372,7 +383,8 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
         settings.add(srv, settings.MODEL, settings.HOST, settings.PORT, settings.MODEL_ID, settings.API_KEY,
                      settings.SERVE_SLOTS, settings.MAX_QUEUE, settings.QUEUE_TIMEOUT, settings.CTX,
                      settings.STATE_DIR, settings.WEB_DIST, settings.RAM_BUDGET, *settings.HTTP_LIMITS,
-                     settings.PREFIX_SHARE, settings.REPLICA_ID, settings.KV_TYPE)
+                     settings.PREFIX_SHARE, settings.REPLICA_ID, settings.KV_TYPE,
+                     *settings.SAMPLING_DEFAULTS)
         cors = settings.CORS_ORIGINS
         srv.add_argument(cors.flag, dest=cors.name, action="append", metavar="ORIGIN",
                          help=f"{cors.help} [{cors.env}]")

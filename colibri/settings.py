@@ -103,6 +103,14 @@ RAM_BUDGET = Setting("ram_budget", "--ram-budget", "COLI_RAM_GB", None, float,
 PREFIX_SHARE = Setting("prefix_share", "--prefix-share", "COLI_PREFIX_SHARE", 0.8, float,
                        "a request without cache_slot takes the free slot whose last prompt it continues "
                        "for at least this share (0-1), else the least recently used one")
+# The sampling of a request that sets none: OpenAI's defaults (1.0, 1.0) unless the operator chose
+# others, as llama.cpp's server (--temp) and vLLM (the model's generation config) let them. Clients
+# that never send them (Codex CLI sends neither) get the model's recommended sampling this way.
+TEMPERATURE = Setting("temperature", "--temperature", "COLI_TEMPERATURE", None, float,
+                      "the temperature of a request that sets none (0-2; default OpenAI's 1.0)")
+TOP_P = Setting("top_p", "--top-p", "COLI_TOP_P", None, float,
+                "the top_p of a request that sets none (0-1, above 0; default OpenAI's 1.0)")
+SAMPLING_DEFAULTS = (TEMPERATURE, TOP_P)
 # How a replica names itself behind a load balancer (x-colibri-replica, /health).
 REPLICA_ID = Setting("replica_id", "--replica-id", "COLI_REPLICA_ID", None, str,
                      "this replica's name in the x-colibri-replica header and /health (default: the "

@@ -13,14 +13,17 @@ plain SSE read) against a real ``coli serve`` on the default model.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from openai.types.responses import Response
-from serve_harness import read_sse, user
+from serve_harness import read_sse, running_server, user
 from test_api_generation import done, state_for, token
 
 from colibri.api.openai_requests import fit_budget, parse_chat
 from colibri.api.responses_api import chat_tools, parse
+from colibri.api.routes import with_sampling_defaults
 from colibri.api.serving import admit, answer_json, answer_sse
 from colibri.api.tools import cut_call, parse_tools, split_output
 from colibri.model.tool_format import CALL_CLOSE, CALL_OPEN
@@ -260,3 +263,39 @@ def test_responses_cut_inside_a_call_e2e(client, server):
                                 tool_choice="required", max_output_tokens=4, temperature=0)
     assert r.status == "incomplete" and r.output_text == ""
     assert r.model_extra["colibri"]["dropped_tool_call"].startswith('{"tool_call')
+
+
+# ----------------------------------------------------------------------------- sampling defaults
+
+
+def test_sampling_defaults_fill_only_what_a_body_leaves_out():
+    defaults = {"temperature": 0.0, "top_p": 0.5}
+    assert with_sampling_defaults({"input": "x"}, defaults) == {"input": "x", **defaults}
+    mixed = with_sampling_defaults({"temperature": 1.5, "top_p": None}, defaults)
+    assert mixed == {"temperature": 1.5, "top_p": 0.5}
+    assert with_sampling_defaults({"temperature": "hot"}, defaults)["temperature"] == "hot"  # its own: a 400
+    assert with_sampling_defaults(["not", "a", "body"], defaults) == ["not", "a", "body"]
+    assert with_sampling_defaults({"input": "x"}, {}) == {"input": "x"}
+
+
+@pytest.mark.parametrize("flag", [("--temperature", "2.5"), ("--top-p", "0")])
+def test_sampling_defaults_out_of_range_fail_at_start(flag):
+    out = subprocess.run([sys.executable, "-m", "colibri", "serve", *flag, "--port", "0"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and flag[0] in out.stderr, out.stderr
+
+
+def test_server_temperature_is_what_codex_gets(tmp_path):
+    """Codex never sends a temperature: with ``--temperature 0`` its answers are the greedy ones,
+    the Responses echo says so, and a request's own temperature still wins."""
+    with running_server("--ctx", "1024", "--temperature", "0", "--no-persist") as server:
+        client = server.client()
+        ask = {"model": server.model_id, "input": "Name three colors.", "max_output_tokens": 24,
+               "extra_body": {"client_metadata": CODEX_FIELDS["client_metadata"]},
+               **{k: v for k, v in CODEX_FIELDS.items() if k not in ("tool_choice", "client_metadata")}}
+        first, second = client.responses.create(**ask), client.responses.create(**ask)
+        greedy = client.responses.create(**ask, temperature=0)
+        assert first.temperature == 0 and first.output_text == second.output_text == greedy.output_text
+        hot = [client.responses.create(**{**ask, "extra_body": {**ask["extra_body"], "seed": s}},
+                                       temperature=2.0).output_text for s in range(3)]
+        assert any(text != greedy.output_text for text in hot)

@@ -87,6 +87,8 @@ class ServeConfig:
     drain_timeout_s: float = DRAIN_TIMEOUT_S
     prefix_share: float = MIN_PREFIX_SHARE
     replica_id: str | None = None  # None: the bound host:port
+    # --temperature, --top-p: the values of a request that leaves them out (``sampling_defaults``)
+    sampling_defaults: tuple[tuple[str, float], ...] = ()
 
 
 class ConcurrencyLimit:
@@ -308,6 +310,7 @@ async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
         web_dist=cfg.web_dist,
         atlas_path=cfg.state_dir / settings.ATLAS_FILE if cfg.state_dir else None,
         block_types=tuple(sorted({t.gtype.name for t in text.gguf.tensors.values()})),
+        sampling_defaults=dict(cfg.sampling_defaults),
     )
     app = ConcurrencyLimit(create_app(state, cfg.max_body, cfg.body_timeout_s), cfg.max_requests, state)
     hconfig = _hypercorn_config(cfg)

@@ -177,6 +177,14 @@ PARSERS: dict[str, Callable[[Any, ServerState], Served]] = {
 }
 
 
+def with_sampling_defaults(body: Any, defaults: dict[str, float]) -> Any:
+    """The body with the server's ``--temperature``/``--top-p`` where it sets none (absent or
+    null); a value it sets, however odd, is its own, checked by the parser."""
+    if not defaults or not isinstance(body, dict):
+        return body
+    return {**body, **{k: v for k, v in defaults.items() if body.get(k) is None}}
+
+
 async def _body(state: ServerState) -> Any:
     """The request's JSON body, once the server can serve a generation at all."""
     if state.draining:
@@ -190,7 +198,7 @@ async def generate() -> Response:
     """Every generation endpoint (``PARSERS``): parse, tokenize and admit, then the answer."""
     state, endpoint = server_state(), request.url_rule.rule
     try:
-        served = PARSERS[endpoint](await _body(state), state)
+        served = PARSERS[endpoint](with_sampling_defaults(await _body(state), state.sampling_defaults), state)
         gen = serving.generation_of(served)
         await serving.tokenize(state, gen)
         lease = await serving.admit(state, gen, request.headers.get(SESSION_HEADER))

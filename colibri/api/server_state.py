@@ -46,6 +46,8 @@ class ServerState:
     encode: Callable[[Generation, int], list[int]] | None = None
     # Whose conversation each slot holds (only its owner reuses it); None: no rule (a unit test).
     owners: SlotOwners | None = None
+    # A request's temperature and top_p where it sets none (--temperature, --top-p); empty: OpenAI's.
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
     replica_id: str = ""  # x-colibri-replica and /health: --replica-id, else the bound host:port
     draining: bool = False  # SIGTERM came: new generations get 503 while those in flight finish
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
