@@ -2,7 +2,7 @@
 
     python bench/bench_peer.py loop  --model PATH --prompt IDS --tokens 64 --t0 WALL
     python bench/bench_peer.py batch --model PATH --prompts JSON --tokens 64 --streams 16 --t0 WALL
-    python bench/bench_peer.py prefill --model PATH --prompt IDS --runs 3
+    python bench/bench_peer.py prefill --model PATH --prompt IDS --runs 3 [--flash-attn]
 
 Each prints one JSON line. ``loop``: the Python ``Llama`` object, greedy decode by ``eval`` one
 token at a time (what ``coli run`` is set against), and the process's peak RSS. ``batch``: the
@@ -26,11 +26,11 @@ import numpy as np
 THREADS = 2
 
 
-def _llama(path: str, n_ctx: int):
+def _llama(path: str, n_ctx: int, flash_attn: bool = False):
     from llama_cpp import Llama
 
     return Llama(model_path=path, n_ctx=n_ctx, n_batch=512, n_threads=THREADS, n_threads_batch=THREADS,
-                 verbose=False)
+                 flash_attn=flash_attn, verbose=False)
 
 
 def peak_rss_bytes() -> int:
@@ -58,10 +58,11 @@ def _prefill_once(llm, prompt: list[int]) -> float:
 
 
 def prefill(args) -> dict:
-    """A warm-up (graph allocation, page cache), then --runs timed evals of the whole prompt."""
+    """A warm-up (graph allocation, page cache: the prompt's first 512 tokens, one batch), then
+    --runs timed evals of the whole prompt; --flash-attn: llama.cpp's fused attention."""
     prompt = [int(x) for x in args.prompt.split(",")]
-    llm = _llama(args.model, len(prompt) + 64)
-    _prefill_once(llm, prompt)
+    llm = _llama(args.model, len(prompt) + 64, args.flash_attn)
+    _prefill_once(llm, prompt[:512])
     return {"prefill_tps": statistics.median(_prefill_once(llm, prompt) for _ in range(args.runs))}
 
 
@@ -137,6 +138,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=512, help="loop: n_ctx; batch: context per sequence")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--t0", type=float, default=None)
+    ap.add_argument("--flash-attn", action="store_true", help="prefill: llama.cpp's flash attention")
     args = ap.parse_args()
     if args.t0 is None:
         args.t0 = time.time()
