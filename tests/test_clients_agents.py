@@ -12,9 +12,10 @@ exit 0, every request answered 2xx. The tool-using agents (Codex, opencode, Cont
 round trip (an answer's call id came back in a later request as that call's result), every
 request answered 2xx, no raw ``{"tool_call": …`` envelope printed as the answer, and exit 0 — or,
 where the model's own answers ended the turn, the client's report of that: after a tool's result
-this model mostly calls tools again until the context is full (the server's last answer is then
-the 400 ``context_length_exceeded`` that OpenAI gives), or rambles inside a call until its answer's
-budget (Codex says so; measured on Codex: 2 of 14 turns exited 0, both without a call). The tasks
+this model mostly calls tools again until the context is full (the server then answers the 400
+``context_length_exceeded`` that OpenAI gives; Continue and Codex stop there, opencode compacts
+and goes on until the test stops it), or rambles inside a call until its answer's budget (Codex
+says so; measured on Codex: 2 of 14 turns exited 0, both without a call). The tasks
 ask for a tool by name so the model is likely to call one; as it samples, a turn without a call is
 repeated (up to ATTEMPTS, each one checked), its prompt's prefix still in a KV slot. One server
 for the module, at its default context (the model's own: 8,192 tokens; Codex's prompt with its
@@ -45,10 +46,10 @@ from serve_harness import running_server
 NOTES = "The secret word is lighthouse.\n"
 SETTLE_S = 120  # an agent may exit with a request still running (opencode's title)
 CODEX_S = 600
-OPENCODE_S = 480
+OPENCODE_S = 150  # a turn of a model that keeps calling tools is stopped here
 CONTINUE_S = 360
 AIDER_S = 240
-ATTEMPTS = 3  # turns of a tool-using agent, until one makes a tool round trip
+ATTEMPTS = 6  # turns of a tool-using agent, until one makes a tool round trip (one without a call is quick)
 # Codex's own instructions (~4,000 tokens) replaced by these (`model_instructions_file`): with its
 # tools they leave an 8,192-token model room for a tool loop (docs/api.md, "Coding agents").
 CODEX_INSTRUCTIONS = """You are a coding agent in a terminal. Run commands with the tools to read and \
@@ -114,19 +115,20 @@ def no_envelope(run: Run) -> None:
 
 
 def check_tool_turn(run: Run, exchanges: list[Exchange], path: str, model_ends: tuple[str, ...]) -> None:
-    """A tool-using agent's turn: requests to ``path``, every one 2xx but a last 400
-    ``context_length_exceeded``, no raw envelope printed; exit 0, or not 0 only where the model's
-    own answers ended the turn: its tool loop outgrew the context (that 400), or the client says its
-    answer was cut by its budget (``model_ends``: the client's own words). Never a refused field."""
+    """A tool-using agent's turn: requests to ``path``, each answered 2xx or, where the model's tool
+    loop outgrew the context, OpenAI's 400 ``context_length_exceeded``; no raw envelope printed.
+    Exit 0, or else an end that is the model's: that 400 came (Continue and Codex stop there), the
+    client says the answer was cut by its budget (``model_ends``: the client's own words), or the
+    client was still looping when the test stopped it (opencode compacts its history at the
+    context's end and goes on calling tools). Never a refused field."""
     report = f"{run.describe()}\n--- requests\n{RecordingProxy.report(exchanges)}"
     assert any(e.path == path for e in exchanges), report
     refused = [e for e in exchanges if not 200 <= e.status < 300]
-    assert refused in ([], exchanges[-1:]), f"answered non-2xx before the end:\n{report}"
-    full = bool(refused)
-    if full:
-        assert refused[0].status == 400 and b"context_length_exceeded" in refused[0].answer, report
+    for e in refused:
+        assert e.status == 400 and b"context_length_exceeded" in e.answer, f"refused:\n{report}"
     if run.code != 0:
-        assert full or any(end in run.out + run.err for end in model_ends), report
+        stopped = run.code == -1
+        assert refused or stopped or any(end in run.out + run.err for end in model_ends), report
     no_envelope(run)
 
 
@@ -188,16 +190,23 @@ def test_codex_exec(proxied, workdir, tmp_path):
 
 
 def test_opencode_run(proxied, workdir, tmp_path):
-    """``opencode run`` with an ``@ai-sdk/openai-compatible`` provider and no ``limit``: its title
-    request and its agent loop (``max_tokens: 32000``, ~7,700-token prompts) all 2xx, a tool's
-    result sent back."""
+    """``opencode run`` with an ``@ai-sdk/openai-compatible`` provider and no ``limit`` on its
+    model: its agent loop (``max_tokens: 32000``, capped to what the context leaves) answered, a
+    tool's result sent back. Its session title goes to a ``small_model`` entry, the same server with
+    an output limit (unlimited, this model's title ran 8 minutes on a loaded host). A turn whose
+    model keeps calling tools does not end (opencode compacts its history at the context's end and
+    goes on, ``steps`` or not): the test stops it after OPENCODE_S."""
     server, proxy = proxied
+    small = f"{server.model_id}-title"
     (workdir / "opencode.json").write_text(json.dumps({
         "$schema": "https://opencode.ai/config.json",
         "provider": {"colibri": {
             "npm": "@ai-sdk/openai-compatible", "name": "colibri",
             "options": {"baseURL": f"{proxy.base_url}/v1", "apiKey": "local"},
-            "models": {server.model_id: {"name": server.model_id}}}},
+            "models": {server.model_id: {"name": server.model_id},
+                       # its session title: the same server, an answer of a title's length
+                       small: {"name": small, "limit": {"context": 8192, "output": 32}}}}},
+        "small_model": f"colibri/{small}",
         # Read-only tools: a small model's calls run on this machine (and the prompt stays ~3,000
         # tokens instead of ~7,700).
         "tools": {name: False for name in ("bash", "edit", "write", "webfetch", "task", "todowrite",
