@@ -23,20 +23,15 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 import colibri
 from colibri import settings
 
 PEER_ENV = {k: v for k, v in os.environ.items() if k not in colibri.ENV_SET}
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = "2"
-SEED = 1234
 WARMUP = 256
-
-
-def prompt_ids(n: int, n_vocab: int) -> list[int]:
-    return np.random.default_rng(SEED).integers(100, n_vocab - 100, n).tolist()
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_forward import random_prompt as prompt_ids  # noqa: E402  (the same seeded ids)
 
 
 def colibri_worker(model: Path, n: int) -> dict:

@@ -257,10 +257,12 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
 
 def _sampling_defaults(args: argparse.Namespace) -> tuple[tuple[str, float], ...]:
     """--temperature and --top-p as given, each checked against OpenAI's range here, once."""
+    from colibri.api.openai_requests import MAX_TEMPERATURE
+
     given = {s.name: settings.resolve(args, s) for s in settings.SAMPLING_DEFAULTS}
     temperature, top_p = given["temperature"], given["top_p"]
-    if temperature is not None and not 0 <= temperature <= 2:
-        raise ColibriError(f"--temperature must be 0-2, got {temperature}")
+    if temperature is not None and not 0 <= temperature <= MAX_TEMPERATURE:
+        raise ColibriError(f"--temperature must be 0-{MAX_TEMPERATURE:g}, got {temperature}")
     if top_p is not None and not 0 < top_p <= 1:
         raise ColibriError(f"--top-p must be above 0 and at most 1, got {top_p}")
     return tuple((name, value) for name, value in given.items() if value is not None)
