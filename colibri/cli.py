@@ -167,7 +167,9 @@ def cmd_engine(args: argparse.Namespace) -> int:
         raise ConfigError("give the cap (experts per MoE layer) or --ram-budget (GB), not both")
     # The C engine's positional cap: experts per MoE layer resident; 0 is its "auto": our budget.
     budget = ExpertsPerLayer(args.cap) if args.cap else settings.ram_budget(args)
+    mode, draft_max = settings.speculation(args)
     cfg = EngineConfig(
+        speculative=mode, draft_max=draft_max,
         model_path=settings.model_path(args, host=True), n_slots=n_slots, n_ctx=ctx,
         state_dir=None if args.no_persist else settings.state_dir(args), prefill_chunk=chunk,
         protocol=settings.protocol(args), topk=settings.flag_env("SERVE_TOPK"),
@@ -353,7 +355,7 @@ def _add_engine_commands(sub: argparse._SubParsersAction) -> None:
                              "(--ram-budget, or its default); on a dense model, accepted and ignored")
     settings.add(engine, settings.MODEL, settings.CTX, settings.MAX_TOKENS, host=True)
     settings.add(engine, settings.KV_SLOTS, settings.STATE_DIR, settings.PREFILL_CHUNK,
-                 settings.RAM_BUDGET, settings.KV_TYPE)
+                 settings.RAM_BUDGET, settings.KV_TYPE, settings.SPECULATIVE, settings.DRAFT_MAX)
     engine.add_argument("--protocol", choices=("mux", "legacy", "channel"),
                         help="default: mux (SERVE_BATCH=1); legacy with SERVE=1 alone; channel: the "
                              "binary frames of docs/channel_protocol.md. A SUBMIT's text, legacy "

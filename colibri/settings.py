@@ -65,6 +65,17 @@ PREFILL_CHUNK = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK"
 KV_TYPE = Setting("kv_type", "--kv-type", "COLI_KV_TYPE", "f16", str,
                   "KV cache element type: f16 (IEEE halves) or f32")
 KV_TYPE_CHOICES = ("f16", "f32")  # colibri.model.kv_cache.KV_TYPES' names (tests/test_cli.py checks)
+# Speculative decoding (colibri/sched/speculation.py): drafts verified in the step, exact (greedy
+# and seeded output are plain decoding's tokens), pausing themselves where they do not pay, so on
+# by default: auto takes the model's MTP layer where it has one, else prompt lookup. 8 draft tokens
+# at most: on the default model a row beyond the first costs ~0.4 of a one-row step, so even a
+# stream copying its prompt gains little past 8 (llama.cpp's lookup decoding offers 10).
+SPECULATIVE = Setting("speculative", "--speculative", "COLI_SPECULATIVE", "auto", str,
+                      "speculative decoding: off, ngram (prompt lookup), mtp (the model's NextN "
+                      "layer), auto (mtp where the model has one, else ngram)")
+DRAFT_MAX = Setting("draft_max", "--draft-max", "COLI_DRAFT_MAX", 8, int,
+                    "most draft tokens a stream has verified in one step (1-64)")
+MAX_DRAFT = 64  # a step's rows past a few dozen cost more than any draft's expected gain
 # The mux protocol's limit: slot fields and KV_SLOTS are 1..16 (serve_protocol.md).
 MAX_SLOTS = 16
 KV_SLOTS = Setting("kv_slots", "--kv-slots", "KV_SLOTS", 1, int,
@@ -294,6 +305,19 @@ def kv_slots(args: argparse.Namespace, setting: Setting) -> int:
     if not 1 <= n <= MAX_SLOTS:
         raise ColibriError(f"--kv-slots/{setting.env} must be 1..{MAX_SLOTS}, got {n}")
     return n
+
+
+def speculation(args: argparse.Namespace) -> tuple[str, int]:
+    """``--speculative`` and ``--draft-max`` (or their variables), checked: (mode, draft_max)."""
+    from colibri.sched.speculation import SPECULATIVE_MODES
+
+    mode, draft_max = resolve(args, SPECULATIVE), resolve(args, DRAFT_MAX)
+    if mode not in SPECULATIVE_MODES:
+        raise ConfigError(f"--speculative/{SPECULATIVE.env} must be one of {', '.join(SPECULATIVE_MODES)}, "
+                          f"got {mode!r}")
+    if not 1 <= draft_max <= MAX_DRAFT:
+        raise ConfigError(f"--draft-max/{DRAFT_MAX.env} must be 1..{MAX_DRAFT}, got {draft_max}")
+    return mode, draft_max
 
 
 def kv_type(args: argparse.Namespace) -> str:

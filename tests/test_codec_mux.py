@@ -120,6 +120,7 @@ submits = st.builds(
     prompt=prompts,
     seed=st.none() | st.integers(0, MAX_ID),
     grammar=st.none() | st.text(min_size=1),
+    speculative=st.none() | st.just(False),
 )
 cancels = st.builds(Cancel, id=ids)
 stops = st.builds(Stop, id=ids)
@@ -182,7 +183,8 @@ def as_encoded(ev):
         case Perf():
             times = [rounded(t, 4) for t in (ev.dt, ev.t_edisk, ev.t_ewait, ev.t_emm, ev.t_attn, ev.t_kvb,
                                              ev.t_head)]
-            return Perf(ev.id, *times, ev.reused_tokens, ev.prefilled_tokens)
+            return Perf(ev.id, *times, ev.reused_tokens, ev.prefilled_tokens, ev.drafted_tokens,
+                        ev.accepted_tokens)
         case Prof():
             t = [rounded(x, 4) for x in (ev.wall, ev.t_edisk, ev.t_ewait, ev.t_emm, ev.t_attn, ev.t_head)]
             return Prof(t[0], ev.prompt_tokens, ev.completion_tokens, *t[1:], ev.forwards)
@@ -266,6 +268,7 @@ def test_responses_round_trip_any_chunking(resps, cuts):
     ExpertMap(0, 0, b""),
     Repin(3, 17, 1, 0),
     Perf(7, 1.5, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 100, 23),
+    Perf(8, 1.5, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 100, 23, 40, 31),
     Entropy((1.5, 2.25, 0.0)),
     Entropy(()),
     Gpus((Gpu(10.5, 80.0, 64), Gpu(0.0, 24.0, 0))),

@@ -45,7 +45,7 @@ OK = b" 0 2 16 0.7 0.9\nhi\n"  # the rest of a valid SUBMIT after its id
     (b"CANCEL 1 2\n", [(ProtocolError, 0, BR)]),
     (b"CANCEL  7\n", [(ProtocolError, 0, BR)]),
     (b"SUBMIT 1 0 2 16 0.7\nhi\n", [(ProtocolError, 0, BR), (ProtocolError, 0, BR)]),
-    (b"SUBMIT 1 0 2 16 0.7 0.9 0 1 2\nhi\n", [(ProtocolError, 0, BR), (ProtocolError, 0, BR)]),
+    (b"SUBMIT 1 0 2 16 0.7 0.9 0 1 1 2\nhi\n", [(ProtocolError, 0, BR), (ProtocolError, 0, BR)]),
     # the optional grammar (the gateway's seventh field: its byte count, after the prompt's bytes)
     (b"SUBMIT 5 0 2 16 0.7 0.9 3\nhix|y\n", [Submit(5, 0, 16, 0.7, 0.9, "hi", grammar="x|y")]),
     (b"SUBMIT 5 0 2 16 0.7 0.9 0\nhi\n", [Submit(5, 0, 16, 0.7, 0.9, "hi")]),
@@ -56,6 +56,13 @@ OK = b" 0 2 16 0.7 0.9\nhi\n"  # the rest of a valid SUBMIT after its id
     (b"SUBMIT 5 0 2 16 0.7 0.9 0 42\nhi\n", [Submit(5, 0, 16, 0.7, 0.9, "hi", 42)]),
     (b"SUBMIT 5 0 2 16 0.7 0.9 0 0\nhi\n", [Submit(5, 0, 16, 0.7, 0.9, "hi", 0)]),
     (b"SUBMIT 5 0 2 16 0.7 0.9 0 x\nhi\n", [(ProtocolError, 5, BR)]),
+    # speculation's switch (ours, a ninth field): 0 off for this request, 1 the engine's setting;
+    # the seed before it may be "-", none
+    (b"SUBMIT 5 0 2 16 0.7 0.9 0 - 0\nhi\n", [Submit(5, 0, 16, 0.7, 0.9, "hi", speculative=False)]),
+    (b"SUBMIT 5 0 2 16 0.7 0.9 0 42 1\nhi\n", [Submit(5, 0, 16, 0.7, 0.9, "hi", 42)]),
+    (b"SUBMIT 5 0 2 16 0.7 0.9 0 - 2\nhi\n", [(ProtocolError, 5, BR)]),
+    (b"SUBMIT 5 0 2 16 0.7 0.9 0 -\nhi\n", [Submit(5, 0, 16, 0.7, 0.9, "hi")]),
+    (b"SUBMIT 5 0 2 16 0.7 0.9 0 - x\nhi\n", [(ProtocolError, 5, BR)]),
     (b"SUBMIT 5 0 2 16 0.7 0.9 0 \nhi\n", [(ProtocolError, 5, BR)]),
     (b"SUBMIT 5 0 2 16 0.7 0.9 0 -1\nhi\n", [(ProtocolError, 5, BR)]),
     (b"SUBMIT 5 0 2 16 0.7 0.9 0 18446744073709551616\nhi\n", [(ProtocolError, 5, BR)]),

@@ -180,7 +180,7 @@ async def test_every_error_code_and_the_engine_goes_on(nursery):
     cases = [
         (b"BOGUS 1 2\n", 0, ErrorCode.BAD_REQUEST),
         (b"SUBMIT 1 0 x 5 0 1\n", 1, ErrorCode.BAD_REQUEST),  # non-numeric byte count
-        (b"SUBMIT 2 0 2 5 0 1 0 9 9\nhi\n", 0, ErrorCode.BAD_REQUEST),  # wrong field count
+        (b"SUBMIT 2 0 2 5 0 1 0 9 1 9\nhi\n", 0, ErrorCode.BAD_REQUEST),  # wrong field count
         (b"SUBMIT 0 0 2 5 0 1\nhi\n", 0, ErrorCode.BAD_REQUEST),  # id 0
         (b"SUBMIT 3 0 2 5 -1 1\nhi\n", 3, ErrorCode.BAD_REQUEST),  # temperature out of range
         (b"SUBMIT 4 0 2 5 0 1.5\nhi\n", 4, ErrorCode.BAD_REQUEST),  # top_p out of range

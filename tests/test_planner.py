@@ -18,6 +18,7 @@ class FakeSlot:
 class Feeding:
     slot: FakeSlot
     todo: list[int]
+    draft: list[int] = field(default_factory=list)
 
 
 def test_decode_rows_first_then_one_prompt_chunk():
@@ -30,7 +31,7 @@ def test_decode_rows_first_then_one_prompt_chunk():
     assert plan.slots == [1, 0, 0, 0, 0]
     assert plan.positions == [3, 0, 1, 2, 3]
     # the decode row samples; the first prompt is mid-way (no logits); the second waits its turn
-    assert [(r is decode, n, row) for r, n, row in plan.shares] == [(True, 1, 0), (False, 4, None)]
+    assert [(r is decode, n, list(rows)) for r, n, rows in plan.shares] == [(True, 1, [0]), (False, 4, [])]
     assert plan.logit_rows == [0]
 
 
@@ -38,7 +39,7 @@ def test_the_last_chunk_of_a_prompt_samples_from_its_last_row():
     req = Feeding(FakeSlot(3, [9] * 8), [1, 2, 3])
     plan = plan_step([req], prefill_chunk=128)
     assert plan.n_direct == 0 and plan.positions == [8, 9, 10]
-    assert plan.shares == [(req, 3, 2)] and plan.logit_rows == [2]
+    assert plan.shares == [(req, 3, range(2, 3))] and plan.logit_rows == [2]
 
 
 def test_every_decoding_request_gets_a_row_and_nothing_is_planned_for_none():
@@ -46,3 +47,18 @@ def test_every_decoding_request_gets_a_row_and_nothing_is_planned_for_none():
     plan = plan_step(reqs, prefill_chunk=128)
     assert plan.n_direct == 16 and plan.slots == list(range(16)) and plan.positions == list(range(16))
     assert plan_step([], prefill_chunk=128).tokens == []
+
+
+def test_a_draft_follows_its_token_as_decode_rows_each_sampled():
+    """A draft's tokens are decode rows after the request's token, at the next positions, every one
+    with logits (row i verifies draft token i+1); the prompt chunk still comes after every decode row."""
+    prompt = Feeding(FakeSlot(0), [5, 6, 7])
+    drafting = Feeding(FakeSlot(1, [1, 2, 3]), [7], draft=[8, 9])
+    plain = Feeding(FakeSlot(2, [4]), [3])
+    plan = plan_step([prompt, drafting, plain], prefill_chunk=128)
+    assert plan.n_direct == 4
+    assert plan.tokens == [7, 8, 9, 3, 5, 6, 7]
+    assert plan.slots == [1, 1, 1, 2, 0, 0, 0]
+    assert plan.positions == [3, 4, 5, 1, 0, 1, 2]
+    assert [(n, list(rows)) for _, n, rows in plan.shares] == [(3, [0, 1, 2]), (1, [3]), (3, [6])]
+    assert plan.logit_rows == [0, 1, 2, 3, 6]

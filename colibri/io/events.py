@@ -39,6 +39,8 @@ class Submit:
     # The 7th field's extra payload (the gateway's): a grammar every sampled token must keep to
     # (GBNF, or llguidance's Lark with ``%json`` schemas); None: unconstrained.
     grammar: str | None = None
+    # The 9th field (ours): False, no speculative decoding for this request; None: the engine's setting.
+    speculative: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,8 @@ class Perf:
     t_head: float = 0.0
     reused_tokens: int = 0
     prefilled_tokens: int = 0
+    drafted_tokens: int = 0  # speculative decoding: draft tokens verified, and of those accepted
+    accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -180,9 +180,9 @@ class RequestReader:
             return _forget(fields)
         if verb not in (b"SUBMIT", b"SUBMIT_IDS"):
             return ProtocolError(0, ErrorCode.BAD_REQUEST, f"unknown verb {verb[:32]!r}")
-        if len(fields) not in (7, 8, 9):
-            return ProtocolError(0, ErrorCode.BAD_REQUEST,
-                                 "SUBMIT takes six fields (seven with a grammar, eight with a seed)")
+        if len(fields) not in (7, 8, 9, 10):
+            return ProtocolError(0, ErrorCode.BAD_REQUEST, "SUBMIT takes six fields (seven with a "
+                                 "grammar, eight with a seed, nine with speculation's switch)")
         try:
             rid = _uint(fields[1], MAX_ID)
         except ValueError:
@@ -206,15 +206,23 @@ class RequestReader:
             temperature, top_p = _float(fields[5]), _float(fields[6])
             if temperature < 0 or not 0 < top_p <= 1:
                 raise ValueError
-            seed = _uint(fields[8], MAX_ID) if len(fields) == 9 else None
+            seed = _uint(fields[8], MAX_ID) if len(fields) > 8 and fields[8] != b"-" else None
+            speculative = _switch(fields[9]) if len(fields) > 9 else None
         except ValueError:
             self._frames.expect_payload(n + g, None)
             return ProtocolError(rid, ErrorCode.BAD_REQUEST, "bad SUBMIT field")
         ids = () if verb == b"SUBMIT_IDS" else None
         # The payload is the prompt, then the grammar's g bytes: the header keeps g until it is read.
-        submit = Submit(rid, slot, max_tokens, temperature, top_p, "", seed, ids)
+        submit = Submit(rid, slot, max_tokens, temperature, top_p, "", seed, ids, speculative=speculative)
         self._frames.expect_payload(n + g, (submit, g))
         return None
+
+
+def _switch(field: bytes) -> bool | None:
+    """SUBMIT's speculation field: 0, no drafts for this request; 1, the engine's setting."""
+    if field not in (b"0", b"1"):
+        raise ValueError(field)
+    return None if field == b"1" else False
 
 
 def _submit(header: Submit, g: int, payload: bytes) -> Submit | ProtocolError:
@@ -270,7 +278,8 @@ def _forget(fields: list[bytes]) -> Forget | ProtocolError:
 def encode_request(event: Submit | Cancel | Stop | Forget) -> bytes:
     """Server side: a request's bytes. Floats are written with ``repr`` so the engine samples with
     exactly the temperature and top_p the client asked for. The grammar field is written when
-    there is a grammar or a seed (which comes after it: 0 is "no grammar")."""
+    there is a grammar, a seed (which comes after it: 0 is "no grammar") or speculation turned off
+    (after the seed: ``-`` is "no seed")."""
     if isinstance(event, Submit):
         if event.prompt_ids is not None:
             verb, payload = "SUBMIT_IDS", ",".join(map(str, event.prompt_ids)).encode()
@@ -278,7 +287,9 @@ def encode_request(event: Submit | Cancel | Stop | Forget) -> bytes:
             verb, payload = "SUBMIT", event.prompt.encode("utf-8")
         grammar = (event.grammar or "").encode("utf-8")
         tail = ""
-        if grammar or event.seed is not None:
+        if event.speculative is False:
+            tail = f" {len(grammar)} {'-' if event.seed is None else event.seed} 0"
+        elif grammar or event.seed is not None:
             tail = f" {len(grammar)}" + ("" if event.seed is None else f" {event.seed}")
         head = (f"{verb} {event.id} {event.slot} {len(payload)} {event.max_tokens} "
                 f"{event.temperature!r} {event.top_p!r}{tail}\n")
@@ -333,7 +344,8 @@ def encode_response(event: Response) -> bytes:
             e = event
             times = (e.dt, e.t_edisk, e.t_ewait, e.t_emm, e.t_attn, e.t_kvb, e.t_head)
             return (f"PERF {e.id} " + " ".join(f"{t:.4f}" for t in times)
-                    + f" {e.reused_tokens} {e.prefilled_tokens}\n").encode()
+                    + f" {e.reused_tokens} {e.prefilled_tokens} {e.drafted_tokens} {e.accepted_tokens}\n"
+                    ).encode()
         case Prof():
             e = event
             return (f"PROF {e.wall:.4f} {e.prompt_tokens} {e.completion_tokens} {e.t_edisk:.4f} "
@@ -430,7 +442,7 @@ class ResponseReader:
             if len(f) < 3:
                 raise ValueError("PERF without timings")
             times = [float(x) for x in f[2:9]]
-            extra = [int(x) for x in f[9:11]]
+            extra = [int(x) for x in f[9:13]]
             return Perf(int(f[1]), *times, *extra)
         if kind == "ENTROPY":
             return Entropy(tuple(float(x) for x in f[1:] if x))

@@ -33,15 +33,19 @@ from colibri.model.interface import EngineModel
 from colibri.model.sampling import Sampler, SamplingParams, top_candidates
 from colibri.sched import persist, telemetry
 from colibri.sched.compute import ComputeThread
-from colibri.sched.planner import StepPlan, plan_step
+from colibri.sched.planner import Share, StepPlan, plan_step
 from colibri.sched.requests import Emit, Request, Slot
+from colibri.sched.speculation import NO_SPECULATION, Drafting, Speculation, StepCost, verify
 
 HITS_EVERY_TOKENS = 6  # the spec's "~every 6 tokens": a live routing picture without flooding the pipe
 
 T = TypeVar("T")
-# A sampled token and, with TOPK on, its candidates; None for a request mid-prompt; a str: why its
-# sampling failed (the request ends with an ERROR, the step's other requests go on).
-Choice = tuple[int, tuple[tuple[float, bytes], ...] | None] | str | None
+# A sampled token and, with TOPK on, its candidates.
+Sampled = tuple[int, tuple[tuple[float, bytes], ...] | None]
+# A request's tokens of a step: one, or with a draft those its walk took (every one but the last a
+# draft token verified); None for a request mid-prompt; a str: why its sampling failed (the request
+# ends with an ERROR, the step's other requests go on).
+Choice = list[Sampled] | str | None
 
 
 class Engine:
@@ -50,12 +54,14 @@ class Engine:
     def __init__(
         self, model: EngineModel, n_slots: int, n_ctx: int, state_dir: Path | None, prefill_chunk: int,
         compute: ComputeThread, topk: bool = False, perf: bool = False,
+        speculation: Speculation = NO_SPECULATION,
     ) -> None:
         self.model, self.tokenizer = model, model.tokenizer
         # Where the model loads and computes: one thread (``compute.py``: one OpenMP pool)
         self.run_model = compute.run
         self.n_ctx, self.state_dir, self.prefill_chunk = n_ctx, state_dir, prefill_chunk
         self.topk, self.perf = topk, perf
+        self.speculation, self.step_cost = speculation, StepCost()
         self._grammar_vocab: GrammarVocab | None = None  # built on the first grammar
         self.kv = model.new_kv_cache(n_slots, n_ctx)
         self.slots = [Slot(i) for i in range(n_slots)]
@@ -229,6 +235,8 @@ class Engine:
         del history[req.reused :]
         req.prompt, req.todo = prompt, prompt[req.reused :]
         req.admitted = True
+        if self.speculation.on and req.submit.speculative is not False and req.constraint is None:
+            req.drafting = await trio.to_thread.run_sync(Drafting, prompt)  # a long prompt's index
         if self.experts is not None:
             req.store_at_start = self.experts.counters()
         if req.submit.max_tokens == 0 or req.stop_requested:
@@ -305,24 +313,40 @@ class Engine:
             self._work = trio.Event()
             while self.active:
                 async with self.step_lock:
+                    self._draft()
                     plan = plan_step(self.active, self.prefill_chunk)
                     t0 = time.perf_counter()
                     sampled = await self.run_model(self._compute, plan)
                     self._advance(plan, time.perf_counter() - t0)
-                for (req, _, logit_row), choice in zip(plan.shares, sampled, strict=True):
-                    if logit_row is None or req.cancelled or req.finished.is_set():
+                for (req, _, logit_rows), choice in zip(plan.shares, sampled, strict=True):
+                    if not logit_rows or req.cancelled or req.finished.is_set():
                         continue
                     if isinstance(choice, str):
                         self._fail(req, choice)
                     else:
-                        await self._accept(req, *choice)
+                        await self._accept_walk(req, choice)
                 for req in [r for r in self.active if r.stop_requested]:
                     self._end(req, limited=False)  # STOP: mid-prompt, or between tokens
                 await trio.sleep(0)  # let CANCEL, STOP and new SUBMITs in between steps
 
+    def _draft(self) -> None:
+        """Each decoding request's draft for the step to come (``speculation.py``): no longer than
+        the tokens it may still emit and the positions its slot has left."""
+        decoding = [r for r in self.active if len(r.todo) == 1]
+        cost = self.step_cost.split()
+        for req in decoding:
+            if req.drafting is None:
+                continue
+            limit = min(self.speculation.draft_max, req.submit.max_tokens - req.emitted - 1,
+                        self.n_ctx - len(req.slot.history) - 1)
+            req.draft = req.drafting.propose(req.emitted, len(decoding), cost, limit)
+
     def _advance(self, plan: StepPlan, seconds: float) -> None:
-        """The step's rows are in the KV cache now: they move from each request's todo to its
-        slot's history. A step's seconds count for every request in it (they shared it)."""
+        """The step's rows are in the KV cache now: each request's todo moves to its slot's history
+        (a draft's verified tokens follow as its walk takes them). A step's seconds count for every
+        request in it (they shared it); a decode step's, for the cost of its rows."""
+        if plan.n_direct == len(plan.tokens):
+            self.step_cost.observe(len(plan.tokens), seconds)
         parts = self.model.step_times
         for req, n, _ in plan.shares:
             req.slot.history.extend(req.todo[:n])
@@ -346,21 +370,33 @@ class Engine:
         )
         out: list[Choice] = []
         i = 0
-        for req, n, r in plan.shares:
-            if r is None:
-                out.append(None)
-                continue
-            row = logits[i]
-            i += 1
-            window = req.sampler.params.repeat_window
-            recent = (req.slot.history[-window:] if window else []) + req.todo[:n]
-            try:
-                token = self._sample(req, row, recent) if req.constraint else req.sampler(row, recent)
-            except ValueError as e:  # logits with no finite peak (a model gone bad): this request only
-                out.append(str(e))
-                continue
-            out.append((token, self._topk(row, token) if self.topk else None))
+        for share in plan.shares:
+            rows = logits[i : i + len(share.logit_rows)]
+            i += len(share.logit_rows)
+            out.append(self._walk(share, rows) if len(rows) else None)
         return out
+
+    def _walk(self, share: Share, rows: np.ndarray) -> Choice:
+        """A request's tokens from its rows: the first row's, then, while the token drawn equals the
+        draft's next, the next row's (``speculation.verify``: the rejection rule, exact)."""
+        req, n, _ = share
+        window = req.sampler.params.repeat_window
+        fed = req.todo[: n - len(req.draft)] + req.draft  # the tokens of the request's rows, in order
+        recent = req.slot.history[-window:] if window else []
+        first = n - len(rows)  # the fed token before the first sampled row
+        candidates: list[tuple | None] = []
+
+        def draw(j: int) -> int:
+            row, context = rows[j], recent + fed[: first + j + 1]
+            token = self._sample(req, row, context) if req.constraint else req.sampler(row, context)
+            candidates.append(self._topk(row, token) if self.topk else None)
+            return token
+
+        try:
+            tokens = verify(req.draft, draw, self.stop_ids)
+        except ValueError as e:  # logits with no finite peak (a model gone bad): this request only
+            return str(e)
+        return list(zip(tokens, candidates, strict=True))
 
     def _sample(self, req: Request, row: np.ndarray, recent: list[int]) -> int:
         """A token the request's grammar allows (its row is masked in place: TOPK then shows the
@@ -379,6 +415,21 @@ class Engine:
         best = top_candidates(row, sampled, TOPK_CANDIDATES)
         return tuple((lp, self.tokenizer.token_bytes(t)) for t, lp in best if t == sampled or lp > -np.inf)
 
+    async def _accept_walk(self, req: Request, picked: list[Sampled]) -> None:
+        """A step's tokens for the request, in order: each but the first follows a draft token
+        verified by the one before it, whose K/V the step wrote: it joins the history then."""
+        draft, req.draft = req.draft, []
+        for j, (token, topk) in enumerate(picked):
+            if j:
+                req.slot.history.append(draft[j - 1])
+                req.todo = []
+            await self._accept(req, token, topk)
+            if req.finished.is_set():
+                break
+        if req.drafting is not None and draft:
+            accepted = sum(1 for (t, _), d in zip(picked, draft, strict=False) if t == d)
+            req.drafting.record(len(draft), accepted, req.emitted)
+
     async def _accept(self, req: Request, token: int, topk: tuple | None) -> None:
         """A sampled token: stream it, or end the turn."""
         if not req.t_first:
@@ -386,6 +437,8 @@ class Engine:
         if token in self.stop_ids:
             return self._end(req, limited=False)
         req.emitted += 1
+        if req.drafting is not None:
+            req.drafting.extend((token,))
         # every token, even one whose text is not yet a whole character: a session whose wire
         # carries token ids (Channel) sees them all; the text sessions skip the empty ones
         await req.emit(Data(req.id, req.detokenizer.feed(token).encode(), token))

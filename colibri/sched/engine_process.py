@@ -27,6 +27,7 @@ from colibri.model.kv_cache import DEFAULT_KV_TYPE
 from colibri.sched.compute import ComputeThread
 from colibri.sched.engine import Engine
 from colibri.sched.session import Session
+from colibri.sched.speculation import Speculation, resolve
 from colibri.state_files import check_state_dir
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ class EngineConfig:
     ram_budget: Budget = None  # resident expert copies (MoE): bytes or experts per layer; None: no limit
     kv_type: str = DEFAULT_KV_TYPE  # the KV cache's element type (colibri.model.kv_cache.KV_TYPES)
     cap: int | None = None  # the C engine's positional cap as given (reported once the model loads)
+    speculative: str = "off"  # the draft source (speculation.SPECULATIVE_MODES)
+    draft_max: int = 8
 
 
 def run_engine(cfg: EngineConfig) -> int:
@@ -65,9 +68,10 @@ def run_engine(cfg: EngineConfig) -> int:
         model = compute.call(lambda: Model(cfg.model_path, ram_budget=cfg.ram_budget, kv_type=cfg.kv_type))
         compute.call(load_kernels)  # a sampled request's first token does not wait for it
         n_ctx = min(cfg.n_ctx, model.hp.context_length)
+        speculation = resolve(cfg.speculative, cfg.draft_max, model.hp.arch)
         if cfg.cap is not None:
             print(f"coli engine: {cap_report(cfg.cap, model)}", file=sys.stderr, flush=True)
-        return trio.run(_main, cfg, model, n_ctx, compute)
+        return trio.run(_main, cfg, model, n_ctx, compute, speculation)
 
 
 def cap_report(cap: int, model: EngineModel) -> str:
@@ -81,12 +85,14 @@ def cap_report(cap: int, model: EngineModel) -> str:
     return f"cap {what}: resident experts' budget {budget} over {store.shape[0]} MoE layers"
 
 
-async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int, compute: ComputeThread) -> int:
+async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int, compute: ComputeThread,
+                speculation: Speculation) -> int:
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     out_send, out_recv = trio.open_memory_channel[bytes](OUTPUT_BUFFER)
     engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, compute,
-                    topk=cfg.topk, perf=cfg.perf)
+                    topk=cfg.topk, perf=cfg.perf,
+                    speculation=speculation)
     await engine.run_model(engine.restore)
     status = 0
     async with trio.open_nursery() as outer:

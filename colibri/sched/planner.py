@@ -1,16 +1,18 @@
 """Step planning: which rows the next forward step computes. Pure (no trio, no model), so its
 fairness and its row order are unit-tested on their own (``tests/test_planner.py``).
 
-Decode rows come first (one per request with one token to feed: the matmuls' direct path), then
-at most one prompt chunk: serial, chunked prefill, one prompt at a time in the order requests
-arrived, so a long prompt does not freeze the other streams.
+Decode rows come first (one per request with one token to feed, then its draft's tokens, if it
+has one: the matmuls' direct path, whose rows give the same bits whatever else is in the step),
+then at most one prompt chunk: serial, chunked prefill, one prompt at a time in the order requests
+arrived, so a long prompt does not freeze the other streams. A decoding request samples from each
+of its rows (its token's, and each draft token's, to verify the next); a prompt from its last row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 class SlotView(Protocol):
@@ -23,6 +25,16 @@ class Feeding(Protocol):
 
     slot: SlotView
     todo: list[int]
+    draft: list[int]  # tokens guessed to follow a decoding request's one todo token (speculation.py)
+
+
+class Share(NamedTuple):
+    """A request's part of a step: the rows it feeds, and the rows whose logits it samples from
+    (none for a prompt chunk mid-way)."""
+
+    req: Feeding
+    n: int
+    logit_rows: range
 
 
 @dataclass
@@ -32,27 +44,29 @@ class StepPlan:
     tokens: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
-    # (request, rows it feeds, the row whose logits it samples from, or None mid-prompt)
-    shares: list[tuple[Feeding, int, int | None]] = field(default_factory=list)
-    n_direct: int = 0  # the leading decode rows
+    shares: list[Share] = field(default_factory=list)
+    n_direct: int = 0  # the leading decode rows, drafts included
 
     @property
     def logit_rows(self) -> list[int]:
-        return [row for _, _, row in self.shares if row is not None]
+        return [row for share in self.shares for row in share.logit_rows]
 
 
 def plan_step(active: Sequence[Feeding], prefill_chunk: int) -> StepPlan:
     """The rows of the next step for the ``active`` requests, in arrival order."""
     plan = StepPlan()
-    decoding = [(r, 1) for r in active if len(r.todo) == 1]
+    decoding = [(r, r.todo + r.draft, True) for r in active if len(r.todo) == 1]
     prefill = next((r for r in active if len(r.todo) > 1), None)
-    chunk = [(prefill, min(prefill_chunk, len(prefill.todo)))] if prefill else []
-    plan.n_direct = len(decoding)
-    for req, n in decoding + chunk:
-        start = len(req.slot.history)
-        plan.tokens.extend(req.todo[:n])
+    chunk = [(prefill, prefill.todo[:prefill_chunk], False)] if prefill else []
+    plan.n_direct = sum(len(rows) for _, rows, _ in decoding)
+    for req, rows, decodes in decoding + chunk:
+        start, first, n = len(req.slot.history), len(plan.tokens), len(rows)
+        plan.tokens.extend(rows)
         plan.slots.extend([req.slot.index] * n)
         plan.positions.extend(range(start, start + n))
-        last = len(plan.tokens) - 1 if n == len(req.todo) else None
-        plan.shares.append((req, n, last))
+        if decodes:
+            sampled = range(first, first + n)
+        else:  # a prompt's last chunk samples its first token
+            sampled = range(first + n - 1, first + n) if n == len(req.todo) else range(0)
+        plan.shares.append(Share(req, n, sampled))
     return plan

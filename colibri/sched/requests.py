@@ -13,6 +13,7 @@ from colibri.model.grammar import Constraint
 from colibri.model.interface import StoreCounters
 from colibri.model.sampling import Sampler
 from colibri.model.tokenizer import StreamDecoder
+from colibri.sched.speculation import Drafting
 
 # Where a request's events go: its session's encoder, or a capture around it (legacy, Channel).
 Emit = Callable[[object], Awaitable[None]]
@@ -55,3 +56,5 @@ class Request:
     stop_requested: bool = False  # STOP: end with a normal DONE at the next step boundary
     forwards: int = 0  # forward steps this request had rows in (PROF)
     failure: Error | None = None  # why it ended in the step loop (its sampling failed): its ERROR
+    drafting: Drafting | None = None  # speculative decoding's state, where the request drafts
+    draft: list[int] = field(default_factory=list)  # the next step's draft: tokens to verify after todo

@@ -70,9 +70,12 @@ def turn_end_events(req: Request, counters: StoreCounters | None, maps: list[obj
                 t_attn=req.t_attn, t_head=req.t_head, forwards=req.forwards)
     done = Done(req.id, req.emitted, tok_s, hit_pct, rss_gb(), len(req.prompt), req.length_limited, saved)
     spec: list[object] = []
+    drafts = req.drafting
     if perf:
         spec = [Perf(req.id, now - req.t_start, t_edisk=t_edisk, t_emm=t_emm, t_attn=req.t_attn,
                      t_kvb=req.t_prefill, t_head=req.t_head,
-                     reused_tokens=req.reused, prefilled_tokens=len(req.prompt) - req.reused),
+                     reused_tokens=req.reused, prefilled_tokens=len(req.prompt) - req.reused,
+                     drafted_tokens=drafts.drafted if drafts else 0,
+                     accepted_tokens=drafts.accepted if drafts else 0),
                 Entropy(), Gpus()]
     return [hwinfo(), prof, *spec, *maps, done]

@@ -1,0 +1,243 @@
+"""Speculative decoding: where a stream's draft comes from, and how much of it is worth verifying.
+
+A draft is tokens guessed to follow a stream's next token. The step feeds them after that token,
+as decode rows (``planner.py``: the direct path, so each row's logits are the bits a plain decode
+step would give), and the engine walks them: row i's token is drawn as always, from row i's logits
+with the request's sampler, and the walk goes on while the drawn token equals draft token i+1. A
+draft token is a point mass, so this is speculative sampling's rejection rule (accept d with
+probability p(d), else draw from p without d, renormalized), drawn with the same one uniform
+number per emitted token as plain decoding: greedy and seeded output are token for token those
+of plain decoding, and sampled output keeps its distribution exactly. The rows past the first
+rejection wrote K/V beyond the slot's history: nothing reads a position past its history, and the
+next step overwrites them (the rollback is the history's length).
+
+Sources (``--speculative``): ``ngram``, prompt lookup over the stream's own tokens (prompt and
+output), no extra weights; ``mtp``, the model's NextN layer, where a file has one (none of the
+architectures loaded here has one yet: asking for it is an error at start); ``auto``, the best
+the model has.
+
+How much: draft token i is verified only where it pays. ``Acceptance`` measures the chance a draft
+token is accepted, given the previous one was (a); ``StepCost`` measures what a step's rows cost.
+The draft length taken maximizes the step's expected tokens per second, (B + a + ... + a^k) /
+(base + row * (B + k)) for a step of B streams, so drafts shrink where rows are dear (16 streams,
+a MoE whose extra rows route to more experts, a capped store reading them from disk) and grow
+where the stream is copying. The measure forgets as tokens pass, so a stream whose drafts stopped
+paying tries a one-token draft again some twenty tokens later (a stream that copies only in
+places finds them); one under 10% accepted over its last 24 proposed tokens pauses for 256 tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass
+
+from colibri.errors import ConfigError
+
+SPECULATIVE_MODES = ("off", "ngram", "mtp", "auto")
+# Prompt lookup: the longest suffix looked up first (a longer match predicts better); one token
+# matches anywhere in a chat and its continuations are mostly wrong, so two is the shortest.
+NGRAM_MAX = 4
+NGRAM_MIN = 2
+# Drafting pauses when fewer than PAUSE_BELOW of the last PAUSE_WINDOW proposed tokens were
+# accepted, for PAUSE_TOKENS emitted tokens (colibri's C engine's rule).
+PAUSE_WINDOW = 24
+PAUSE_BELOW = 0.10
+PAUSE_TOKENS = 256
+# The acceptance estimate: decayed counts of accepted and rejected draft tokens over a prior of one
+# each (a = 0.5 before any proposal, enough for a first one-token draft on the default model);
+# every emitted token weighs the past by ACCEPTANCE_DECAY: its half-life is 17 tokens, after which
+# one rejection alone (a = 1/3) no longer keeps a one-token draft out on the default model.
+ACCEPTANCE_DECAY = 0.96
+# The step cost's prior, in units of a one-row step: each row beyond costs ROW_COST_PRIOR of it
+# (SmolLM2 Q4_1, 2 cores: 1 row 4.7 ms, 9 rows 20.9 ms, 17 rows 35 ms: ~0.4 a row). It counts as
+# COST_PRIOR_WEIGHT steps; the measured steps, each weighed down by COST_DECAY per step, take over.
+ROW_COST_PRIOR = 0.4
+COST_PRIOR_WEIGHT = 4.0
+COST_DECAY = 0.995
+
+
+class NgramDrafter:
+    """Prompt lookup over one stream's tokens: the continuation of the latest earlier occurrence of
+    its last n tokens, n from NGRAM_MAX down to NGRAM_MIN. Each n-gram's latest end is kept in a
+    table updated as tokens come (a lookup is a dict access, whatever the length)."""
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.tokens: list[int] = []
+        # n -> {n-gram: the index of its last token, for the latest one followed by a token}
+        self._ends: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(NGRAM_MIN, NGRAM_MAX + 1)}
+        self.extend(tokens)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        seq = self.tokens
+        for t in tokens:
+            end = len(seq) - 1  # the n-grams ending here now have a continuation: t
+            for n, table in self._ends.items():
+                if end + 1 >= n:
+                    table[tuple(seq[end - n + 1 : end + 1])] = end
+            seq.append(t)
+
+    def propose(self, limit: int) -> list[int]:
+        """Up to ``limit`` tokens to follow the stream's last; none where no suffix recurs."""
+        seq = self.tokens
+        if limit <= 0:
+            return []
+        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+            if len(seq) <= n:
+                continue
+            end = self._ends[n].get(tuple(seq[-n:]))
+            if end is not None:
+                return seq[end + 1 : end + 1 + limit]
+        return []
+
+
+class Acceptance:
+    """One stream's measured acceptance and its pause."""
+
+    def __init__(self) -> None:
+        self.accepted = self.rejected = 0.0  # decayed counts, the prior's excluded
+        self.at = 0  # the emitted count the counts are decayed to
+        self.window = self.window_accepted = 0  # proposed and accepted since the last check
+        self.paused_until = 0  # the emitted count at which drafting resumes
+
+    def rate(self, emitted: int) -> float:
+        """a: the chance a draft token is accepted when the one before it was."""
+        self._decay(emitted)
+        return (self.accepted + 1.0) / (self.accepted + self.rejected + 2.0)
+
+    def _decay(self, emitted: int) -> None:
+        if emitted > self.at:
+            f = ACCEPTANCE_DECAY ** (emitted - self.at)
+            self.accepted, self.rejected, self.at = self.accepted * f, self.rejected * f, emitted
+
+    def record(self, proposed: int, accepted: int, emitted: int) -> None:
+        """A verified draft of ``proposed`` tokens, ``accepted`` of them (the first rejection ends
+        what is observed: the tokens after it were never tried), ``emitted`` the count after it."""
+        self._decay(emitted)
+        self.accepted += accepted
+        self.rejected += 1 if accepted < proposed else 0
+        self.window += proposed
+        self.window_accepted += accepted
+        if self.window >= PAUSE_WINDOW:
+            if self.window_accepted < PAUSE_BELOW * self.window:
+                self.pause(emitted)
+            self.window = self.window_accepted = 0
+
+    def pause(self, emitted: int) -> None:
+        """No drafts for PAUSE_TOKENS tokens, then a fresh start from the prior."""
+        self.paused_until = emitted + PAUSE_TOKENS
+        self.accepted = self.rejected = 0.0
+        self.window = self.window_accepted = 0
+
+
+class StepCost:
+    """What a decode step's rows cost, from the steps measured: seconds = base + row * rows, fitted
+    by least squares over decayed sums (steps with prompt rows are not decode steps: not fitted).
+    Only the ratio row / base is used, so the prior is in units of a one-row step."""
+
+    def __init__(self) -> None:
+        # The prior: COST_PRIOR_WEIGHT steps, half of one row and half of nine, in one-row units.
+        w, r = COST_PRIOR_WEIGHT / 2, ROW_COST_PRIOR
+        self._sums = [0.0] * 5  # sum of w, w*n, w*n^2, w*t, w*n*t
+        for n in (1, 9):
+            self._add(w, n, 1.0 + r * (n - 1))
+        self._scale = 0.0  # seconds of a one-row step, once one is seen: the prior's unit
+
+    def _add(self, w: float, n: float, t: float) -> None:
+        for i, v in enumerate((w, w * n, w * n * n, w * t, w * n * t)):
+            self._sums[i] += v
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if rows < 1 or seconds <= 0:
+            return
+        if not self._scale:
+            self._scale = seconds / (1.0 + ROW_COST_PRIOR * (rows - 1))
+        self._sums = [s * COST_DECAY for s in self._sums]
+        self._add(1.0, rows, seconds / self._scale)
+
+    def split(self) -> tuple[float, float]:
+        """(base, row) in one-row-step units: a step of n rows costs base + row * n."""
+        w, wn, wnn, wt, wnt = self._sums
+        det = w * wnn - wn * wn
+        row = (w * wnt - wn * wt) / det if det > 0 else ROW_COST_PRIOR
+        row = max(row, 1e-3)  # a row is never free (noise can make the fit say so)
+        base = max((wt - row * wn) / w, 0.0)
+        return base, row
+
+
+def draft_length(rate: float, streams: int, cost: tuple[float, float], limit: int) -> int:
+    """The k in [0, limit] with the most expected tokens per second: a step of ``streams`` rows and
+    k draft rows yields streams + rate + ... + rate^k tokens for base + row * (streams + k)."""
+    base, row = cost
+    best_k, best = 0, streams / (base + row * streams)
+    gain, p = float(streams), 1.0
+    for k in range(1, limit + 1):
+        p *= rate
+        gain += p
+        value = gain / (base + row * (streams + k))
+        if value > best:
+            best_k, best = k, value
+    return best_k
+
+
+def verify(draft: Sequence[int], draw: Callable[[int], int], stop_ids: Container[int]) -> list[int]:
+    """The tokens a step gives a request that fed ``draft`` after its token: ``draw(j)`` is row j's
+    token, drawn as plain decoding draws it; the walk goes on while it equals draft token j, and
+    ends at a stop token (nothing is drawn after the turn's end)."""
+    tokens: list[int] = []
+    for j in range(len(draft) + 1):
+        token = draw(j)
+        tokens.append(token)
+        if j == len(draft) or token != draft[j] or token in stop_ids:
+            break
+    return tokens
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """The engine's setting: the draft source (``SPECULATIVE_MODES``, ``auto`` resolved at load) and
+    the longest draft a step verifies."""
+
+    mode: str = "off"
+    draft_max: int = 8
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off" and self.draft_max > 0
+
+
+NO_SPECULATION = Speculation()
+
+
+def resolve(mode: str, draft_max: int, arch: str) -> Speculation:
+    """The engine's setting for its model: ``auto`` as the best source the model has."""
+    if mode == "mtp":  # no architecture here runs its NextN layer yet (hparams drop it)
+        raise ConfigError(f"--speculative mtp: colibri does not run {arch!r}'s MTP (NextN) layer; "
+                          "use ngram or auto")
+    return Speculation("ngram" if mode == "auto" else mode, draft_max)
+
+
+class Drafting:
+    """One request's drafting: its source, its acceptance, its counts (PERF reports them)."""
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self.source = NgramDrafter(tokens)
+        self.acceptance = Acceptance()
+        self.drafted = self.accepted = 0
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.source.extend(tokens)
+
+    def propose(self, emitted: int, streams: int, cost: tuple[float, float], limit: int) -> list[int]:
+        """The draft for the step to come (empty: none this step)."""
+        a = self.acceptance
+        if limit <= 0 or emitted < a.paused_until:
+            return []
+        draft = self.source.propose(limit)
+        if not draft:
+            return []
+        return draft[: draft_length(a.rate(emitted), streams, cost, len(draft))]
+
+    def record(self, proposed: int, accepted: int, emitted: int) -> None:
+        self.drafted += proposed
+        self.accepted += accepted
+        self.acceptance.record(proposed, accepted, emitted)

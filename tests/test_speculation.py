@@ -1,0 +1,178 @@
+"""Speculative decoding's parts on their own (``colibri/sched/speculation.py``): prompt lookup, the
+acceptance and its pause, the step cost's fit, the draft length, and the rejection rule, whose
+output must be plain decoding's: token for token with the same seed, and in distribution (a small
+vocabulary where the joint distribution of two tokens is measured against the exact one)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from colibri.errors import ConfigError
+from colibri.model.sampling import Sampler, SamplingParams
+from colibri.sched import speculation as sp
+from colibri.sched.speculation import Acceptance, NgramDrafter, StepCost, draft_length, verify
+
+
+def test_prompt_lookup_continues_the_latest_earlier_occurrence_of_the_longest_suffix():
+    seq = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
+    d = NgramDrafter(seq)
+    # "1 2 3" occurred at the start (followed by 4 5 9 ...); "2 3" also later (followed by 7): the
+    # longer suffix wins
+    assert d.propose(4) == [4, 5, 9, 2]
+    d.extend([7])  # "2 3 7" now: its latest earlier occurrence is followed by 8 1 2 3 7
+    assert d.propose(3) == [8, 1, 2]
+    assert d.propose(0) == []
+    assert NgramDrafter([1, 2, 3, 4]).propose(5) == []  # nothing recurs
+    assert NgramDrafter([5, 6, 5]).propose(5) == []  # one token is not a match (NGRAM_MIN 2)
+
+
+def test_prompt_lookup_built_at_once_or_token_by_token_is_the_same():
+    rng = np.random.default_rng(1)
+    seq = [int(t) for t in rng.integers(0, 6, 300)]
+    whole, grown = NgramDrafter(seq), NgramDrafter(seq[:1])
+    for t in seq[1:]:
+        grown.extend([t])
+    assert whole._ends == grown._ends
+    for n in range(2, 40):
+        part = NgramDrafter(seq[:n])
+        ends = [i for i in range(n - 2) if seq[i : i + 2] == seq[n - 2 : n]]
+        if part.propose(3) and not any(seq[i : i + 3] == seq[n - 3 : n] for i in range(n - 3)):
+            assert part.propose(3) == seq[ends[-1] + 2 : ends[-1] + 5]
+
+
+def test_acceptance_rate_and_its_pause():
+    a = Acceptance()
+    assert a.rate(0) == 0.5  # the prior
+    a.record(4, 4, emitted=5)
+    assert a.rate(5) > 0.8
+    a.record(8, 2, emitted=8)
+    assert 0.5 < a.rate(8) < 0.9
+    assert a.rate(8) > a.rate(100) > 0.5  # forgotten as tokens pass
+    miss = Acceptance()
+    miss.record(1, 0, emitted=1)
+    assert miss.rate(1) == pytest.approx(1 / 3) and miss.rate(18) > 0.4  # ~17 tokens later: worth a try
+    low = Acceptance()
+    for i in range(6):  # 24 proposed tokens, 1 accepted: under 10%
+        low.record(4, 1 if i == 0 else 0, emitted=i)
+    assert low.paused_until == 5 + sp.PAUSE_TOKENS
+    assert low.rate(5) == 0.5  # it starts over from the prior
+    fine = Acceptance()
+    for i in range(6):
+        fine.record(4, 1, emitted=i)  # 25%: no pause
+    assert fine.paused_until == 0
+
+
+def test_step_cost_fits_what_the_rows_cost():
+    cost = StepCost()
+    base, row = cost.split()
+    assert row == pytest.approx(sp.ROW_COST_PRIOR) and base == pytest.approx(1 - sp.ROW_COST_PRIOR)
+    for _ in range(3000):  # steps of 0.004 s + 0.002 s a row: base 2 rows' worth
+        for n in (1, 3, 6):
+            cost.observe(n, 0.004 + 0.002 * n)
+    base, row = cost.split()
+    assert base / row == pytest.approx(2.0, rel=0.02)
+
+
+def test_draft_length_pays_for_its_rows():
+    cheap, dear = (0.6, 0.4), (0.2, 0.8)
+    assert draft_length(0.5, 1, cheap, 8) == 1  # the prior's first try
+    assert draft_length(0.99, 1, cheap, 8) == 8
+    assert 1 < draft_length(0.9, 1, cheap, 8) < 8
+    assert draft_length(0.99, 1, cheap, 3) == 3
+    assert draft_length(0.3, 1, cheap, 8) == 0
+    # sixteen streams: a row costs about what a token brings
+    assert draft_length(0.85, 16, cheap, 8) == 0 < draft_length(0.85, 1, cheap, 8)
+    assert draft_length(0.8, 1, dear, 8) == 0
+
+
+def test_drafts_are_as_long_as_they_pay_and_none_while_paused_or_past_the_limit():
+    d = sp.Drafting([1, 2, 3, 1, 2, 3, 1, 2])
+    assert d.propose(emitted=0, streams=1, cost=(0.6, 0.4), limit=8) == [3]  # a = 0.5: one token
+    assert d.propose(emitted=0, streams=1, cost=(0.6, 0.4), limit=0) == []
+    assert d.propose(emitted=0, streams=16, cost=(0.6, 0.4), limit=8) == []
+    d.record(1, 1, emitted=2)
+    d.record(1, 1, emitted=4)
+    assert len(d.propose(emitted=4, streams=1, cost=(0.6, 0.4), limit=8)) > 1
+    d.acceptance.pause(4)
+    assert d.propose(emitted=5, streams=1, cost=(0.6, 0.4), limit=8) == []
+
+
+def test_mtp_is_refused_where_the_model_has_none_and_auto_is_prompt_lookup():
+    with pytest.raises(ConfigError, match="MTP"):
+        sp.resolve("mtp", 8, "llama")
+    assert sp.resolve("auto", 6, "llama") == sp.Speculation("ngram", 6)
+    assert not sp.resolve("off", 8, "llama").on
+
+
+def test_verify_walks_the_draft_while_it_matches_and_stops_at_a_stop_token():
+    picks = iter([5, 6, 9, 4])
+    assert verify([5, 6, 7], lambda j: next(picks), stop_ids={2}) == [5, 6, 9]
+    assert verify([5, 6], lambda j: [5, 6, 8][j], stop_ids={2}) == [5, 6, 8]  # all accepted: a bonus
+    assert verify([2, 6], lambda j: 2, stop_ids={2}) == [2]  # the turn ended: nothing after
+    assert verify([], lambda j: 7, stop_ids={2}) == [7]
+
+
+# A small vocabulary and a process whose next-token logits depend on the whole prefix (what the
+# model's row after a draft token would give), the first two tokens' joint distribution measured.
+V = 5
+TABLE = np.random.default_rng(11).normal(0.0, 1.2, (97, V)).astype(np.float32)
+
+
+def _row(prefix: list[int]) -> np.ndarray:
+    return TABLE[hash(tuple(prefix)) % len(TABLE)]
+
+
+def _generate(sampler: Sampler, length: int, drafts: np.random.Generator | None) -> tuple[int, ...]:
+    """``length`` tokens, plainly or with a random draft at each step, no longer than the tokens
+    left but one (as the engine drafts: never past the request's limit)."""
+    out: list[int] = []
+    while len(out) < length:
+        size = 0 if drafts is None else int(drafts.integers(0, length - len(out)))
+        draft = [int(t) for t in drafts.integers(0, V, size)] if size else []
+        context = out[:]
+
+        def draw(j: int, context=context, draft=draft) -> int:
+            return sampler(_row(context + draft[:j]))
+
+        out += verify(draft, draw, stop_ids=())
+    assert len(out) == length
+    return tuple(out)
+
+
+def _probabilities(logits: np.ndarray, top_p: float) -> np.ndarray:
+    p = np.exp(logits.astype(np.float64) - logits.max())
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    keep = order[: int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
+    q = np.zeros_like(p)
+    q[keep] = p[keep]
+    return q / q.sum()
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_seeded_sampling_gives_the_same_tokens_with_drafts(top_p):
+    """One uniform number per emitted token, drafts or not: the same seed, the same tokens."""
+    params = SamplingParams(temperature=0.9, top_p=top_p, seed=5)
+    plain, spec, drafts = Sampler(params), Sampler(params), np.random.default_rng(4)
+    for _ in range(500):
+        assert _generate(plain, 6, None) == _generate(spec, 6, drafts)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_sampled_output_keeps_its_distribution(top_p):
+    """Drafted at random, unseeded: the first two tokens' counts against the exact joint
+    distribution (chi-square), and nothing the truncation removes ever drawn."""
+    spec, drafts = Sampler(SamplingParams(temperature=1.0, top_p=top_p)), np.random.default_rng(3)
+    n = 20000
+    counts = np.zeros((V, V))
+    for _ in range(n):
+        counts[_generate(spec, 2, drafts)] += 1
+    p1 = _probabilities(_row([]), top_p)
+    exact = np.array([[p1[a] * _probabilities(_row([a]), top_p)[b] for b in range(V)] for a in range(V)],
+                     np.float64)
+    seen = exact > 0
+    assert counts[~seen].sum() == 0
+    _, p_value = stats.chisquare(counts[seen], exact[seen] / exact[seen].sum() * n)
+    assert p_value > 1e-3
