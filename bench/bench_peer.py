@@ -3,14 +3,18 @@
     python bench/bench_peer.py loop  --model PATH --prompt IDS --tokens 64 --t0 WALL
     python bench/bench_peer.py batch --model PATH --prompts JSON --tokens 64 --streams 16 --t0 WALL
     python bench/bench_peer.py prefill --model PATH --prompt IDS --runs 3 [--flash-attn]
+    python bench/bench_peer.py lookup --model PATH --prompt IDS --tokens 400 --draft 8 --stops IDS
 
 Each prints one JSON line. ``loop``: the Python ``Llama`` object, greedy decode by ``eval`` one
 token at a time (what ``coli run`` is set against), and the process's peak RSS. ``batch``: the
 low-level API, one context with ``n_seq_max`` = streams, ``llama_batch_init`` and one sequence id
 per stream; every step decodes one token of each stream in a single ``llama_batch`` (what ``coli
 engine`` with that many streams is set against). ``prefill``: ``Llama.eval`` of the whole prompt
-(n_batch 512), a warm-up then --runs runs. ``--t0`` is the parent's wall clock at spawn: the
-worker reports the time from there to a ready model and context (its start-up).
+(n_batch 512), a warm-up then --runs runs. ``lookup``: greedy ``Llama.generate`` until a stop id or
+--tokens, with llama-cpp-python's prompt-lookup decoding (``LlamaPromptLookupDecoding``, --draft
+tokens a draft; 0: none), decode tok/s from the first token to the last, and the ids. ``--t0`` is
+the parent's wall clock at spawn: the worker reports the time from there to a ready model and
+context (its start-up).
 """
 
 from __future__ import annotations
@@ -64,6 +68,34 @@ def prefill(args) -> dict:
     llm = _llama(args.model, len(prompt) + 64, args.flash_attn)
     _prefill_once(llm, prompt[:512])
     return {"prefill_tps": statistics.median(_prefill_once(llm, prompt) for _ in range(args.runs))}
+
+
+def lookup(args) -> dict:
+    """Greedy decode through ``Llama.generate``, with prompt-lookup drafts of --draft tokens (its
+    ``max_ngram_size`` left at 2, the default) or none; the prompt's evaluation is excluded."""
+    from llama_cpp import Llama
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    prompt = [int(x) for x in args.prompt.split(",")]
+    stops = {int(x) for x in args.stops.split(",")} if args.stops else set()
+    draft = LlamaPromptLookupDecoding(num_pred_tokens=args.draft) if args.draft else None
+    llm = Llama(model_path=args.model, n_ctx=args.ctx, n_batch=512, n_threads=THREADS,
+                n_threads_batch=THREADS, draft_model=draft, verbose=False,
+                # drafts need every row's logits; said here too, or its score table holds n_batch
+                # rows only and an answer past position 512 overflows it (llama-cpp-python 0.3.36)
+                logits_all=draft is not None)
+    out: list[int] = []
+    first = 0.0
+    for token in llm.generate(prompt, temp=0.0, reset=True):
+        if not out:
+            first = time.perf_counter()
+        if token in stops:
+            break
+        out.append(token)
+        if len(out) >= args.tokens:
+            break
+    seconds = time.perf_counter() - first
+    return {"decode_tps": (len(out) - 1) / seconds if len(out) > 1 else 0.0, "ids": out}
 
 
 class Batched:
@@ -129,7 +161,7 @@ def batch(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=("loop", "batch", "prefill"))
+    ap.add_argument("mode", choices=("loop", "batch", "prefill", "lookup"))
     ap.add_argument("--model", required=True)
     ap.add_argument("--prompt", help="loop, prefill: comma-separated prompt ids")
     ap.add_argument("--prompts", help="batch: JSON list of prompt id lists, one per stream")
@@ -139,10 +171,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--t0", type=float, default=None)
     ap.add_argument("--flash-attn", action="store_true", help="prefill: llama.cpp's flash attention")
+    ap.add_argument("--draft", type=int, default=0, help="lookup: draft tokens (0: no drafts)")
+    ap.add_argument("--stops", default="", help="lookup: comma-separated ids that end the answer")
     args = ap.parse_args()
     if args.t0 is None:
         args.t0 = time.time()
-    print(json.dumps({"loop": loop, "batch": batch, "prefill": prefill}[args.mode](args)))
+    modes = {"loop": loop, "batch": batch, "prefill": prefill, "lookup": lookup}
+    print(json.dumps(modes[args.mode](args)))
 
 
 if __name__ == "__main__":

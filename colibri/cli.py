@@ -247,7 +247,7 @@ def cmd_serve(args: argparse.Namespace, open_browser: bool = False) -> int:
         cors_origins=settings.cors_origins(args),
         state_dir=None if args.no_persist else settings.state_dir(args),
         insecure=args.insecure, ram_budget_gb=args.ram_budget, kv_type=settings.kv_type(args),
-        web_dist=Path(web) if web else settings.WEB_CONSOLE_DIR,
+        speculation=settings.speculation(args), web_dist=Path(web) if web else settings.WEB_CONSOLE_DIR,
         open_browser=open_browser, max_body=int(limits["max_body_mb"] * (1 << 20)),
         body_timeout_s=limits["body_timeout"], max_requests=limits["max_requests"],
         keep_alive_s=limits["keep_alive"], write_timeout_s=limits["write_timeout"],
@@ -388,7 +388,7 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
                      settings.SERVE_SLOTS, settings.MAX_QUEUE, settings.QUEUE_TIMEOUT, settings.CTX,
                      settings.STATE_DIR, settings.WEB_DIST, settings.RAM_BUDGET, *settings.HTTP_LIMITS,
                      settings.PREFIX_SHARE, settings.REPLICA_ID, settings.KV_TYPE,
-                     *settings.SAMPLING_DEFAULTS)
+                     *settings.SAMPLING_DEFAULTS, settings.SPECULATIVE, settings.DRAFT_MAX)
         cors = settings.CORS_ORIGINS
         srv.add_argument(cors.flag, dest=cors.name, action="append", metavar="ORIGIN",
                          help=f"{cors.help} [{cors.env}]")

@@ -293,6 +293,20 @@ READ_SSE = r"""async () => {
 }"""
 
 
+def test_the_stats_line_says_what_speculative_decoding_accepted(page, console):
+    """A copying answer drafts by prompt lookup (the server's default): its stats line says how many
+    draft tokens were accepted of those verified."""
+    pg, _seen = page
+    load(pg, console)
+    configure(pg, max_tokens=48, temperature="0")
+    send(pg, "Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape, honeydew, "
+             "kiwi, lemon, mango, nectarine.")
+    wait_reply_done(pg)
+    stats = last_reply(pg).locator(".stats").inner_text()
+    match = re.search(r"drafts (\d+)/(\d+) accepted", stats)
+    assert match and 0 < int(match[1]) <= int(match[2]), stats
+
+
 def test_the_sse_reader_stands_alone(page, console):
     """sse.js needs no DOM and no page state: a module of its own, testable by itself."""
     pg, _seen = page

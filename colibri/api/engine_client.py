@@ -243,12 +243,13 @@ class EngineClient:
     async def generate(
         self, prompt: str | tuple[int, ...], slot: int, max_tokens: int, temperature: float,
         top_p: float, seed: int | None = None, grammar: str | None = None, ticket: Ticket | None = None,
-        forget: bool = False,
+        forget: bool = False, speculative: bool | None = None,
     ) -> AsyncIterator[Accept | Data | TopK | Perf | Prof | Done | Error]:
         """The request's events up to its Done or Error. ``prompt``: token ids (SUBMIT_IDS), or
         text the engine tokenizes with control tokens parsed (SUBMIT). ``grammar`` constrains every
         token; ``ticket`` learns the engine id (for ``stop``); ``forget``: a FORGET of the slot
-        goes first, in the same write. Leaving the loop early (a client gone) cancels the request
+        goes first, in the same write; ``speculative`` False: no drafts for it (SUBMIT's ninth
+        field). Leaving the loop early (a client gone) cancels the request
         in the engine."""
         rid = self._next_id
         self._next_id += 1
@@ -260,7 +261,8 @@ class EngineClient:
         finished = False
         try:
             text, ids = (prompt, None) if isinstance(prompt, str) else ("", tuple(prompt))
-            submit = Submit(rid, slot, max_tokens, temperature, top_p, text, seed, ids, grammar)
+            submit = Submit(rid, slot, max_tokens, temperature, top_p, text, seed, ids, grammar,
+                            speculative=speculative)
             await self._write((encode_request(Forget(slot)) if forget else b"") + encode_request(submit))
             async with recv:
                 async for event in recv:

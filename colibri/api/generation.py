@@ -107,7 +107,8 @@ class GenerationRun:
         prompt = g.prompt_ids or g.prompt
         ticket = Ticket()
         stream = self.engine.generate(prompt, self.slot, g.max_tokens, g.temperature, g.top_p, g.seed,
-                                      grammar=g.grammar, ticket=ticket, forget=self.forget)
+                                      grammar=g.grammar, ticket=ticket, forget=self.forget,
+                                      speculative=g.speculative)
         try:
             async for event in stream:
                 if isinstance(event, TopK):
@@ -200,6 +201,8 @@ class GenerationRun:
         self.metrics.tokens.inc(completion, kind="completion")
         if self.perf is not None:
             self.metrics.reused_tokens.inc(self.perf.reused_tokens)
+            self.metrics.drafted_tokens.inc(self.perf.drafted_tokens)
+            self.metrics.accepted_tokens.inc(self.perf.accepted_tokens)
         return prompt, completion
 
     def stats(self) -> dict[str, Any]:

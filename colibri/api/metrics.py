@@ -199,6 +199,8 @@ class ServerMetrics:
     persist_failures: Counter  # turns whose KV slot the engine could not save
     prefix_hits: Counter  # requests given the free slot holding their prefix (admission's choice)
     reused_tokens: Counter  # prompt tokens the engine took from a slot's KV instead of prefilling
+    drafted_tokens: Counter  # speculative decoding: draft tokens verified ...
+    accepted_tokens: Counter  # ... and of those, accepted (each an emitted token a step saved)
 
 
 def server_metrics() -> tuple[Registry, ServerMetrics]:
@@ -243,6 +245,13 @@ def server_metrics() -> tuple[Registry, ServerMetrics]:
                 "colibri_reused_tokens_total",
                 "Prompt tokens taken from a slot's KV cache instead of prefilled.",
             )
+        ),
+        drafted_tokens=r.register(
+            Counter("colibri_drafted_tokens_total", "Speculative decoding's draft tokens verified.")
+        ),
+        accepted_tokens=r.register(
+            Counter("colibri_accepted_tokens_total",
+                    "Draft tokens accepted: tokens emitted without a forward step of their own.")
         ),
     )
     return r, m

@@ -110,6 +110,7 @@ _COMMON = {
     "cache_slot",
     "enable_thinking",
     "reasoning_effort",
+    "colibri",
 }
 # Why a field the server does not serve is refused (others: "'<name>' is not supported").
 _REFUSALS = {
@@ -174,6 +175,8 @@ class Generation:
     prompt_field: str = "messages"
     # The client's own ``max_tokens`` (None: not given, the default applied): what a cap reports.
     requested_max_tokens: int | None = None
+    # ``colibri.speculative``: False, no speculative decoding for this request; None: the engine's.
+    speculative: bool | None = None
     # What the server changed or left out of the request, for the answer's ``colibri`` block: a
     # ``max_tokens`` capped to the context, tools dropped (Responses), a cut tool call dropped.
     notes: dict[str, Any] = field(default_factory=dict)
@@ -310,10 +313,25 @@ def _common(
         logprobs=logprobs,
         top_logprobs=top,
         cache_slot=_integer(body, "cache_slot", 0, n_slots - 1),
+        speculative=_speculative(body),
         messages=messages or [],
         prompt_field="messages" if kind == "chat" else "prompt",
         requested_max_tokens=max_tokens,
     )
+
+
+def _speculative(body: dict) -> bool | None:
+    """The request's ``colibri`` object (ours): ``speculative: false`` turns speculative decoding
+    off for this request (its tokens are the same either way: only the speed differs)."""
+    ours = body.get("colibri")
+    if ours is None:
+        return None
+    if not isinstance(ours, dict) or set(ours) - {"speculative"}:
+        raise bad("colibri", "'colibri' may only hold 'speculative'")
+    flag = ours.get("speculative")
+    if flag is not None and not isinstance(flag, bool):
+        raise bad("colibri", "'colibri.speculative' must be a boolean")
+    return None if flag is None or flag else False
 
 
 def thinking(body: dict) -> bool | None:

@@ -30,8 +30,8 @@ from colibri.api.tools import MAX_TOOLS
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text")  # a message's text, as sent or as replayed
 # Copied to the chat body as they are: the same name and meaning on both endpoints (``seed`` and
-# ``cache_slot`` are colibri's extensions, as on chat completions).
-_SAME = ("temperature", "top_p", "stream", "parallel_tool_calls", "seed", "cache_slot")
+# ``cache_slot`` and ``colibri`` are colibri's extensions, as on chat completions).
+_SAME = ("temperature", "top_p", "stream", "parallel_tool_calls", "seed", "cache_slot", "colibri")
 # Accepted with any value and no effect on the output.
 # ``client_metadata``: Codex CLI's identifiers (installation, session, thread, turn, window ids).
 _HARMLESS = {"model", "metadata", "user", "store", "service_tier", "prompt_cache_key",

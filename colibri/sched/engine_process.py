@@ -54,7 +54,7 @@ class EngineConfig:
     kv_type: str = DEFAULT_KV_TYPE  # the KV cache's element type (colibri.model.kv_cache.KV_TYPES)
     cap: int | None = None  # the C engine's positional cap as given (reported once the model loads)
     speculative: str = "off"  # the draft source (speculation.SPECULATIVE_MODES)
-    draft_max: int = 8
+    draft_max: int = 16
 
 
 def run_engine(cfg: EngineConfig) -> int:

@@ -38,6 +38,13 @@ SPECULATIVE_MODES = ("off", "ngram", "mtp", "auto")
 # matches anywhere in a chat and its continuations are mostly wrong, so two is the shortest.
 NGRAM_MAX = 4
 NGRAM_MIN = 2
+# A draft whose source agrees with the stream's last COPYING tokens or more is a copy's: its
+# acceptance is measured apart from the others' (a stream copying a function accepts nearly all of
+# one, and much less of a draft from a two-token match, which would otherwise set one rate for
+# both); agreement is counted up to AGREEMENT_MAX tokens.
+COPYING = 5
+COPY_PRIOR = 0.8
+AGREEMENT_MAX = 32
 # Drafting pauses when fewer than PAUSE_BELOW of the last PAUSE_WINDOW proposed tokens were
 # accepted, for PAUSE_TOKENS emitted tokens (colibri's C engine's rule).
 PAUSE_WINDOW = 24
@@ -48,12 +55,16 @@ PAUSE_TOKENS = 256
 # every emitted token weighs the past by ACCEPTANCE_DECAY: its half-life is 17 tokens, after which
 # one rejection alone (a = 1/3) no longer keeps a one-token draft out on the default model.
 ACCEPTANCE_DECAY = 0.96
-# The step cost's prior, in units of a one-row step: each row beyond costs ROW_COST_PRIOR of it
-# (SmolLM2 Q4_1, 2 cores: 1 row 4.7 ms, 9 rows 20.9 ms, 17 rows 35 ms: ~0.4 a row). It counts as
-# COST_PRIOR_WEIGHT steps; the measured steps, each weighed down by COST_DECAY per step, take over.
-ROW_COST_PRIOR = 0.4
-COST_PRIOR_WEIGHT = 4.0
-COST_DECAY = 0.995
+# The step cost: a row beyond the first costs ROW_COST_PRIOR of a one-row step until steps of
+# several rows say otherwise (SmolLM2 Q4_1, 2 cores, a 400-token function copied: ~0.25-0.35; the
+# forward pass alone, every row's logits, 300 positions: 1 row 4.7 ms, 9 rows 20.9 ms). A new
+# observation moves the one-row time by UNIT_WEIGHT and the ratio by RATIO_WEIGHT (a memory of ~10
+# and ~30 steps: the host's noise averages out, a prompt's growing context is followed); one ratio
+# seen outside [MIN_RATIO, MAX_RATIO] (a step the OS delayed) counts as that bound.
+ROW_COST_PRIOR = 0.3
+UNIT_WEIGHT = 0.1
+RATIO_WEIGHT = 0.03
+MIN_RATIO, MAX_RATIO = 0.02, 1.5
 
 
 class NgramDrafter:
@@ -76,24 +87,30 @@ class NgramDrafter:
                     table[tuple(seq[end - n + 1 : end + 1])] = end
             seq.append(t)
 
-    def propose(self, limit: int) -> list[int]:
-        """Up to ``limit`` tokens to follow the stream's last; none where no suffix recurs."""
+    def propose(self, limit: int) -> tuple[list[int], int]:
+        """Up to ``limit`` tokens to follow the stream's last (none where no suffix recurs), and how
+        many tokens before them agree with the stream's last (at most AGREEMENT_MAX): a stream
+        copying a passage agrees with it for as long as it has copied."""
         seq = self.tokens
         if limit <= 0:
-            return []
+            return [], 0
         for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
             if len(seq) <= n:
                 continue
             end = self._ends[n].get(tuple(seq[-n:]))
             if end is not None:
-                return seq[end + 1 : end + 1 + limit]
-        return []
+                i, j = end - n, len(seq) - 1 - n
+                while n < AGREEMENT_MAX and i >= 0 and seq[i] == seq[j]:
+                    n, i, j = n + 1, i - 1, j - 1
+                return seq[end + 1 : end + 1 + limit], n
+        return [], 0
 
 
 class Acceptance:
     """One stream's measured acceptance and its pause."""
 
-    def __init__(self) -> None:
+    def __init__(self, prior: float = 0.5) -> None:
+        self.prior = prior  # the rate before any proposal: two pseudo-proposals' worth
         self.accepted = self.rejected = 0.0  # decayed counts, the prior's excluded
         self.at = 0  # the emitted count the counts are decayed to
         self.window = self.window_accepted = 0  # proposed and accepted since the last check
@@ -102,7 +119,7 @@ class Acceptance:
     def rate(self, emitted: int) -> float:
         """a: the chance a draft token is accepted when the one before it was."""
         self._decay(emitted)
-        return (self.accepted + 1.0) / (self.accepted + self.rejected + 2.0)
+        return (self.accepted + 2.0 * self.prior) / (self.accepted + self.rejected + 2.0)
 
     def _decay(self, emitted: int) -> None:
         if emitted > self.at:
@@ -130,38 +147,30 @@ class Acceptance:
 
 
 class StepCost:
-    """What a decode step's rows cost, from the steps measured: seconds = base + row * rows, fitted
-    by least squares over decayed sums (steps with prompt rows are not decode steps: not fitted).
-    Only the ratio row / base is used, so the prior is in units of a one-row step."""
+    """What a decode step's rows cost, from the steps measured (steps with prompt rows are not
+    decode steps: not counted). A step of n rows costs ``unit * (1 + ratio * (n - 1))``: ``unit``
+    follows the one-row steps, ``ratio`` (a row beyond the first, in one-row steps) the others,
+    each observation weighed against it. The ratio starts at its prior and stays there until steps
+    of several rows are seen: nothing else tells it."""
 
     def __init__(self) -> None:
-        # The prior: COST_PRIOR_WEIGHT steps, half of one row and half of nine, in one-row units.
-        w, r = COST_PRIOR_WEIGHT / 2, ROW_COST_PRIOR
-        self._sums = [0.0] * 5  # sum of w, w*n, w*n^2, w*t, w*n*t
-        for n in (1, 9):
-            self._add(w, n, 1.0 + r * (n - 1))
-        self._scale = 0.0  # seconds of a one-row step, once one is seen: the prior's unit
-
-    def _add(self, w: float, n: float, t: float) -> None:
-        for i, v in enumerate((w, w * n, w * n * n, w * t, w * n * t)):
-            self._sums[i] += v
+        self.unit = 0.0  # seconds of a one-row step (0: none seen yet)
+        self.ratio = ROW_COST_PRIOR
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows < 1 or seconds <= 0:
             return
-        if not self._scale:
-            self._scale = seconds / (1.0 + ROW_COST_PRIOR * (rows - 1))
-        self._sums = [s * COST_DECAY for s in self._sums]
-        self._add(1.0, rows, seconds / self._scale)
+        if not self.unit:
+            self.unit = seconds / (1.0 + self.ratio * (rows - 1))
+        elif rows == 1:
+            self.unit += UNIT_WEIGHT * (seconds - self.unit)
+        else:
+            seen = min(max((seconds / self.unit - 1.0) / (rows - 1), MIN_RATIO), MAX_RATIO)
+            self.ratio += RATIO_WEIGHT * (seen - self.ratio)
 
     def split(self) -> tuple[float, float]:
         """(base, row) in one-row-step units: a step of n rows costs base + row * n."""
-        w, wn, wnn, wt, wnt = self._sums
-        det = w * wnn - wn * wn
-        row = (w * wnt - wn * wt) / det if det > 0 else ROW_COST_PRIOR
-        row = max(row, 1e-3)  # a row is never free (noise can make the fit say so)
-        base = max((wt - row * wn) / w, 0.0)
-        return base, row
+        return max(1.0 - self.ratio, 0.0), self.ratio
 
 
 def draft_length(rate: float, streams: int, cost: tuple[float, float], limit: int) -> int:
@@ -198,7 +207,7 @@ class Speculation:
     the longest draft a step verifies."""
 
     mode: str = "off"
-    draft_max: int = 8
+    draft_max: int = 16
 
     @property
     def on(self) -> bool:
@@ -221,7 +230,9 @@ class Drafting:
 
     def __init__(self, tokens: Sequence[int]) -> None:
         self.source = NgramDrafter(tokens)
-        self.acceptance = Acceptance()
+        # by the source's agreement; a copy's drafts are taken for likely before any is measured
+        self.matched, self.copying = Acceptance(), Acceptance(COPY_PRIOR)
+        self._last = self.matched  # the acceptance the step's draft is measured for
         self.drafted = self.accepted = 0
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -229,15 +240,15 @@ class Drafting:
 
     def propose(self, emitted: int, streams: int, cost: tuple[float, float], limit: int) -> list[int]:
         """The draft for the step to come (empty: none this step)."""
-        a = self.acceptance
-        if limit <= 0 or emitted < a.paused_until:
+        if limit <= 0:
             return []
-        draft = self.source.propose(limit)
-        if not draft:
+        draft, agreed = self.source.propose(limit)
+        a = self._last = self.copying if agreed >= COPYING else self.matched
+        if not draft or emitted < a.paused_until:
             return []
         return draft[: draft_length(a.rate(emitted), streams, cost, len(draft))]
 
     def record(self, proposed: int, accepted: int, emitted: int) -> None:
         self.drafted += proposed
         self.accepted += accepted
-        self.acceptance.record(proposed, accepted, emitted)
+        self._last.record(proposed, accepted, emitted)

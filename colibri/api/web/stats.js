@@ -61,6 +61,11 @@ export function statItems(turn, experts) {
   if (turn.queueMs !== null) items.push(["queue-wait", `queue ${fmtMs(turn.queueMs)}`]);
   const reused = turn.colibri?.perf?.reused_tokens;
   if (reused) items.push(["reused-tokens", `${reused} reused from the KV cache`]);
+  const drafted = turn.colibri?.perf?.drafted_tokens;
+  if (drafted) {
+    // speculative decoding: draft tokens accepted of those verified
+    items.push(["drafts", `drafts ${turn.colibri.perf.accepted_tokens}/${drafted} accepted`]);
+  }
   if (experts && Number.isFinite(stats?.hit_pct)) {
     items.push(["hit-pct", `experts ${fmtNum(stats.hit_pct)}% in RAM`]);
   }
