@@ -77,6 +77,9 @@ SPECULATIVE = Setting("speculative", "--speculative", "COLI_SPECULATIVE", "auto"
 DRAFT_MAX = Setting("draft_max", "--draft-max", "COLI_DRAFT_MAX", 16, int,
                     "most draft tokens a stream has verified in one step (1-64)")
 MAX_DRAFT = 64  # a step's rows past a few dozen cost more than any draft's expected gain
+# colibri.sched.speculation.SPECULATIVE_MODES (tests/test_speculation.py checks): the scheduler is
+# not imported by the HTTP server, which checks the flag it passes on.
+SPECULATIVE_CHOICES = ("off", "ngram", "mtp", "auto")
 # The mux protocol's limit: slot fields and KV_SLOTS are 1..16 (serve_protocol.md).
 MAX_SLOTS = 16
 KV_SLOTS = Setting("kv_slots", "--kv-slots", "KV_SLOTS", 1, int,
@@ -310,11 +313,9 @@ def kv_slots(args: argparse.Namespace, setting: Setting) -> int:
 
 def speculation(args: argparse.Namespace) -> tuple[str, int]:
     """``--speculative`` and ``--draft-max`` (or their variables), checked: (mode, draft_max)."""
-    from colibri.sched.speculation import SPECULATIVE_MODES
-
     mode, draft_max = resolve(args, SPECULATIVE), resolve(args, DRAFT_MAX)
-    if mode not in SPECULATIVE_MODES:
-        raise ConfigError(f"--speculative/{SPECULATIVE.env} must be one of {', '.join(SPECULATIVE_MODES)}, "
+    if mode not in SPECULATIVE_CHOICES:
+        raise ConfigError(f"--speculative/{SPECULATIVE.env} must be one of {', '.join(SPECULATIVE_CHOICES)}, "
                           f"got {mode!r}")
     if not 1 <= draft_max <= MAX_DRAFT:
         raise ConfigError(f"--draft-max/{DRAFT_MAX.env} must be 1..{MAX_DRAFT}, got {draft_max}")

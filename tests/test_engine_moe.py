@@ -50,13 +50,14 @@ def emap_array(emap: ExpertMap) -> np.ndarray:
     return np.frombuffer(emap.data, np.uint8).reshape(emap.rows, emap.cols)
 
 
-async def generate_both(nursery, gguf: Path, budget: str) -> tuple[list[bytes], list]:
+async def generate_both(nursery, gguf: Path, budget: str, *extra: str, prompts: list[str] = PROMPTS,
+                        max_tokens: int = MAX_TOKENS) -> tuple[list[bytes], list]:
     """Both prompts at once (one batched decode), in two slots; their texts and events."""
     engine = await EngineProcess.start(
-        nursery, "--model", str(gguf), "--ram-budget", budget, *engine_args(None, slots=2))
-    for i, prompt in enumerate(PROMPTS):
-        await engine.submit(i + 1, prompt, slot=i, max_tokens=MAX_TOKENS)
-    outs = [await engine.result(i + 1) for i in range(len(PROMPTS))]
+        nursery, "--model", str(gguf), "--ram-budget", budget, *engine_args(None, *extra, slots=2))
+    for i, prompt in enumerate(prompts):
+        await engine.submit(i + 1, prompt, slot=i, max_tokens=max_tokens)
+    outs = [await engine.result(i + 1) for i in range(len(prompts))]
     assert await engine.close() == 0
     for out in outs:
         assert isinstance(out.final, Done), out.final
@@ -93,6 +94,21 @@ async def test_budget_zero_equals_unlimited_and_telemetry_shows_the_tiers(nurser
         routed = bits.reshape(N_LAYERS, N_EXPERTS)
         assert routed.any(axis=1).all()  # every MoE layer routed somewhere
         assert not (routed.astype(bool) & ((grid & 63) == 0)).any()  # only experts with heat
+
+
+@pytest.mark.parametrize("budget", ["inf", "0"])
+async def test_speculative_decoding_on_experts_gives_plain_decodings_tokens(nursery, moe_gguf: Path, budget):
+    """Prompt lookup on a MoE, batched, every expert resident or read from the file at each use:
+    drafts are verified (a draft's rows route to experts of their own) and the tokens are plain
+    decoding's."""
+    copying = [p + " the cat sat on the mat, the cat sat on the mat, the cat sat on" for p in PROMPTS]
+    plain, _ = await generate_both(nursery, moe_gguf, budget, "--speculative", "off", prompts=copying,
+                                   max_tokens=48)
+    spec, events = await generate_both(nursery, moe_gguf, budget, "--speculative", "ngram", prompts=copying,
+                                       max_tokens=48)
+    assert spec == plain
+    perf = [e for e in events if isinstance(e, Perf)]
+    assert sum(p.accepted_tokens for p in perf) > 0, perf
 
 
 async def handshake_emap(nursery, gguf: Path, state: Path, budget_gb: str) -> tuple[Tiers, np.ndarray, list]:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from colibri import settings
 from colibri.errors import ConfigError
 from colibri.model.sampling import Sampler, SamplingParams
 from colibri.sched import speculation as sp
@@ -122,6 +123,7 @@ def test_a_copys_drafts_are_measured_apart():
 
 
 def test_mtp_is_refused_where_the_model_has_none_and_auto_is_prompt_lookup():
+    assert settings.SPECULATIVE_CHOICES == sp.SPECULATIVE_MODES
     with pytest.raises(ConfigError, match="MTP"):
         sp.resolve("mtp", 8, "llama")
     assert sp.resolve("auto", 6, "llama") == sp.Speculation("ngram", 6)

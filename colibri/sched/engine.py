@@ -1,8 +1,9 @@
 """The engine: KV slots, requests and the step loop, independent of the wire protocol.
 
 Every active request contributes rows to one forward step (``planner.py``): one row per request
-that is decoding (continuous batching: the weights are read once per step for all of them) and,
-for at most one request that is prefilling, a chunk of its prompt. The step runs in a worker thread
+that is decoding (continuous batching: the weights are read once per step for all of them), then
+its draft's rows where speculative decoding gave it one (``speculation.py``: verified in the same
+step, exactly), and, for at most one request that is prefilling, a chunk of its prompt. The step runs in a worker thread
 (the kernels release the GIL), so stdin is read and CANCEL acted on while it computes.
 
 A request's lifetime is its task in the engine's nursery, inside its own cancel scope: CANCEL
@@ -235,13 +236,13 @@ class Engine:
         del history[req.reused :]
         req.prompt, req.todo = prompt, prompt[req.reused :]
         req.admitted = True
-        if self.speculation.on and req.submit.speculative is not False and req.constraint is None:
-            req.drafting = await trio.to_thread.run_sync(Drafting, prompt)  # a long prompt's index
         if self.experts is not None:
             req.store_at_start = self.experts.counters()
         if req.submit.max_tokens == 0 or req.stop_requested:
             req.finished.set()
             return True
+        if self.speculation.on and req.submit.speculative is not False and req.constraint is None:
+            req.drafting = await trio.to_thread.run_sync(Drafting, prompt)  # a long prompt's index
         self.active.append(req)
         self._work.set()
         return True
