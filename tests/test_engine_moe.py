@@ -96,19 +96,21 @@ async def test_budget_zero_equals_unlimited_and_telemetry_shows_the_tiers(nurser
         assert not (routed.astype(bool) & ((grid & 63) == 0)).any()  # only experts with heat
 
 
-@pytest.mark.parametrize("budget", ["inf", "0"])
-async def test_speculative_decoding_on_experts_gives_plain_decodings_tokens(nursery, moe_gguf: Path, budget):
+async def test_speculative_decoding_on_experts_gives_plain_decodings_tokens(nursery, moe_gguf: Path):
     """Prompt lookup on a MoE, batched, every expert resident or read from the file at each use:
     drafts are verified (a draft's rows route to experts of their own) and the tokens are plain
-    decoding's."""
+    decoding's. (How many drafts are made follows the measured cost of the steps: over both
+    budgets' 96 tokens a stream, some are.)"""
     copying = [p + " the cat sat on the mat, the cat sat on the mat, the cat sat on" for p in PROMPTS]
-    plain, _ = await generate_both(nursery, moe_gguf, budget, "--speculative", "off", prompts=copying,
-                                   max_tokens=48)
-    spec, events = await generate_both(nursery, moe_gguf, budget, "--speculative", "ngram", prompts=copying,
-                                       max_tokens=48)
-    assert spec == plain
-    perf = [e for e in events if isinstance(e, Perf)]
-    assert sum(p.accepted_tokens for p in perf) > 0, perf
+    accepted = 0
+    for budget in ("inf", "0"):
+        plain, _ = await generate_both(nursery, moe_gguf, budget, "--speculative", "off", prompts=copying,
+                                       max_tokens=96)
+        spec, events = await generate_both(nursery, moe_gguf, budget, "--speculative", "ngram",
+                                           prompts=copying, max_tokens=96)
+        assert spec == plain, budget
+        accepted += sum(p.accepted_tokens for p in events if isinstance(p, Perf))
+    assert accepted > 0
 
 
 async def handshake_emap(nursery, gguf: Path, state: Path, budget_gb: str) -> tuple[Tiers, np.ndarray, list]:

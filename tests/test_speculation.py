@@ -48,6 +48,21 @@ def test_prompt_lookup_built_at_once_or_token_by_token_is_the_same():
     assert whole._ends == grown._ends
 
 
+def test_a_next_turn_reuses_the_index_as_if_built_anew():
+    rng = np.random.default_rng(2)
+    d = NgramDrafter([1, 2, 3, 4, 5, 6, 1, 2])
+    assert d.propose(3)[0] == [3, 4, 5]
+    d.reuse([1, 2, 9, 9, 1, 2])  # the prefix "1 2" kept; "3 4 5 6 ..." dropped with its entries
+    assert d.propose(3)[0] == [9, 9, 1]
+    for _ in range(200):  # a conversation's turns: its prompt re-sent, shortened, edited, extended
+        seq = d.tokens[: int(rng.integers(0, len(d.tokens) + 1))]
+        seq += [int(t) for t in rng.integers(0, 5, int(rng.integers(0, 40)))]
+        d.reuse(seq)
+        fresh = NgramDrafter(seq)
+        assert d._ends == fresh._ends
+        assert d.propose(4) == fresh.propose(4)
+
+
 def test_acceptance_rate_and_its_pause():
     a = Acceptance()
     assert a.rate(0) == 0.5  # the prior
@@ -73,17 +88,26 @@ def test_acceptance_rate_and_its_pause():
 def test_step_cost_learns_what_the_rows_cost():
     cost = StepCost()
     assert cost.split() == pytest.approx((1 - sp.ROW_COST_PRIOR, sp.ROW_COST_PRIOR))
-    cost.observe(1, 0.5)  # a first step the compiler or the page cache slowed: the unit follows later
+    cost.observe(1, 0.5)  # the first steps (cold caches, first calls) are not counted
+    cost.observe(3, 0.9)
     for _ in range(200):
         cost.observe(1, 0.005)
-    assert cost.unit == pytest.approx(0.005, rel=1e-3)
     assert cost.split()[1] == pytest.approx(sp.ROW_COST_PRIOR)  # one-row steps tell nothing of rows
-    for _ in range(300):  # a row beyond the first: 0.001 s, a fifth of a one-row step
+    for _ in range(300):  # a row: 0.001 s, a fifth of a one-row step (base 0.004)
         cost.observe(1, 0.005)
         cost.observe(6, 0.010)
-    assert cost.split()[1] == pytest.approx(0.2, rel=0.02)
+    assert cost.split()[1] == pytest.approx(0.2, rel=0.05)
     cost.observe(9, 5.0)  # one step the OS held: bounded
     assert cost.split()[1] < 0.3
+    busy = StepCost()
+    for _ in range(100):  # sixteen streams, never another count: nothing tells what a row costs
+        busy.observe(16, 0.02)
+    assert busy.split()[1] == pytest.approx(sp.ROW_COST_PRIOR)
+    pairs = StepCost()
+    for _ in range(300):  # two streams, sometimes with drafts, rows nearly free (a tiny model)
+        pairs.observe(2, 0.0101)
+        pairs.observe(7, 0.0106)
+    assert pairs.split()[1] < 0.05
 
 
 def test_draft_length_pays_for_its_rows():
@@ -99,7 +123,7 @@ def test_draft_length_pays_for_its_rows():
 
 
 def test_drafts_are_as_long_as_they_pay_and_none_while_paused_or_past_the_limit():
-    d = sp.Drafting([7, 1, 2, 3, 4, 5, 9, 1, 2])
+    d = sp.Drafting(NgramDrafter([7, 1, 2, 3, 4, 5, 9, 1, 2]))
     assert d.propose(emitted=0, streams=1, cost=(0.6, 0.4), limit=8) == [3]  # a = 0.5: one token
     assert d.propose(emitted=0, streams=1, cost=(0.6, 0.4), limit=0) == []
     assert d.propose(emitted=0, streams=16, cost=(0.6, 0.4), limit=8) == []
@@ -112,11 +136,11 @@ def test_drafts_are_as_long_as_they_pay_and_none_while_paused_or_past_the_limit(
 
 def test_a_copys_drafts_are_measured_apart():
     passage = list(range(100, 140))
-    d = sp.Drafting([*passage, 7, *passage[:20]])
+    d = sp.Drafting(NgramDrafter([*passage, 7, *passage[:20]]))
     assert d.propose(emitted=0, streams=1, cost=(0.7, 0.3), limit=16)
     d.record(4, 4, emitted=5)
     assert d.copying.rate(5) > sp.COPY_PRIOR and d.matched.rate(5) == 0.5
-    short = sp.Drafting([1, 2, 3, 9, 1, 2])
+    short = sp.Drafting(NgramDrafter([1, 2, 3, 9, 1, 2]))
     assert short.propose(emitted=0, streams=1, cost=(0.7, 0.3), limit=16) == [3]
     short.record(1, 0, emitted=1)
     assert short.matched.rate(1) < 0.5 and short.copying.rate(1) == sp.COPY_PRIOR

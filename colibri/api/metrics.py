@@ -199,8 +199,8 @@ class ServerMetrics:
     persist_failures: Counter  # turns whose KV slot the engine could not save
     prefix_hits: Counter  # requests given the free slot holding their prefix (admission's choice)
     reused_tokens: Counter  # prompt tokens the engine took from a slot's KV instead of prefilling
-    drafted_tokens: Counter  # speculative decoding: draft tokens verified ...
-    accepted_tokens: Counter  # ... and of those, accepted (each an emitted token a step saved)
+    drafted_tokens: Counter  # speculative decoding: draft tokens fed to the steps ...
+    accepted_tokens: Counter  # ... and of those, confirmed (each a token a step saved)
 
 
 def server_metrics() -> tuple[Registry, ServerMetrics]:
@@ -247,11 +247,11 @@ def server_metrics() -> tuple[Registry, ServerMetrics]:
             )
         ),
         drafted_tokens=r.register(
-            Counter("colibri_drafted_tokens_total", "Speculative decoding's draft tokens verified.")
+            Counter("colibri_drafted_tokens_total", "Speculative decoding's draft tokens fed to the steps.")
         ),
         accepted_tokens=r.register(
             Counter("colibri_accepted_tokens_total",
-                    "Draft tokens accepted: tokens emitted without a forward step of their own.")
+                    "Draft tokens confirmed: tokens that took no forward step of their own.")
         ),
     )
     return r, m

@@ -39,7 +39,8 @@ class Submit:
     # The 7th field's extra payload (the gateway's): a grammar every sampled token must keep to
     # (GBNF, or llguidance's Lark with ``%json`` schemas); None: unconstrained.
     grammar: str | None = None
-    # The 9th field (ours): False, no speculative decoding for this request; None: the engine's setting.
+    # The 9th field (ours): False, no speculative decoding for this request; None (or True, which is
+    # sent as nothing and read back as None): the engine's setting.
     speculative: bool | None = None
 
 

@@ -3,8 +3,8 @@
 Every active request contributes rows to one forward step (``planner.py``): one row per request
 that is decoding (continuous batching: the weights are read once per step for all of them), then
 its draft's rows where speculative decoding gave it one (``speculation.py``: verified in the same
-step, exactly), and, for at most one request that is prefilling, a chunk of its prompt. The step runs in a worker thread
-(the kernels release the GIL), so stdin is read and CANCEL acted on while it computes.
+step, exactly), and, for at most one request that is prefilling, a chunk of its prompt. The step
+runs in a worker thread (the kernels release the GIL), so stdin is read and CANCEL acted on while it computes.
 
 A request's lifetime is its task in the engine's nursery, inside its own cancel scope: CANCEL
 cancels the scope; the task then waits out the step in flight, persists the slot and answers
@@ -36,7 +36,7 @@ from colibri.sched import persist, telemetry
 from colibri.sched.compute import ComputeThread
 from colibri.sched.planner import Share, StepPlan, plan_step
 from colibri.sched.requests import Emit, Request, Slot
-from colibri.sched.speculation import NO_SPECULATION, Drafting, Speculation, StepCost, verify
+from colibri.sched.speculation import NO_SPECULATION, Drafting, NgramDrafter, Speculation, StepCost, verify
 
 HITS_EVERY_TOKENS = 6  # the spec's "~every 6 tokens": a live routing picture without flooding the pipe
 
@@ -242,7 +242,7 @@ class Engine:
             req.finished.set()
             return True
         if self.speculation.on and req.submit.speculative is not False and req.constraint is None:
-            req.drafting = await trio.to_thread.run_sync(Drafting, prompt)  # a long prompt's index
+            req.drafting = Drafting(await trio.to_thread.run_sync(_index, req.slot, prompt))
         self.active.append(req)
         self._work.set()
         return True
@@ -294,6 +294,7 @@ class Engine:
         """An idle slot's next request reuses none of its history (another client's conversation)."""
         assert not self.busy(slot), "forget a busy slot"
         self.slots[slot].history.clear()
+        self.slots[slot].drafter = None
 
     async def exclusive(self, fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)`` on the compute thread between steps: a session's work on a slot outside
@@ -336,11 +337,13 @@ class Engine:
         decoding = [r for r in self.active if len(r.todo) == 1]
         cost = self.step_cost.split()
         for req in decoding:
-            if req.drafting is None:
+            if req.drafting is None or req.stop_requested:
                 continue
             limit = min(self.speculation.draft_max, req.submit.max_tokens - req.emitted - 1,
                         self.n_ctx - len(req.slot.history) - 1)
-            req.draft = req.drafting.propose(req.emitted, len(decoding), cost, limit)
+            draft = req.drafting.propose(req.emitted, len(decoding), cost, limit)
+            stop = next((i for i, t in enumerate(draft) if t in self.stop_ids), None)
+            req.draft = draft if stop is None else draft[: stop + 1]  # nothing is drawn past a turn's end
 
     def _advance(self, plan: StepPlan, seconds: float) -> None:
         """The step's rows are in the KV cache now: each request's todo moves to its slot's history
@@ -355,7 +358,7 @@ class Engine:
             req.forwards += 1
             req.t_attn += parts.attn
             req.t_head += parts.head
-            if n > 1 or not req.emitted:
+            if n - len(req.draft) > 1 or not req.emitted:  # a prompt's step, not a draft's
                 req.t_prefill += seconds
 
     def _compute(self, plan: StepPlan) -> list[Choice]:
@@ -385,19 +388,21 @@ class Engine:
         fed = req.todo[: n - len(req.draft)] + req.draft  # the tokens of the request's rows, in order
         recent = req.slot.history[-window:] if window else []
         first = n - len(rows)  # the fed token before the first sampled row
-        candidates: list[tuple | None] = []
+        drawn: list[Sampled] = []
 
         def draw(j: int) -> int:
             row, context = rows[j], recent + fed[: first + j + 1]
             token = self._sample(req, row, context) if req.constraint else req.sampler(row, context)
-            candidates.append(self._topk(row, token) if self.topk else None)
+            drawn.append((token, self._topk(row, token) if self.topk else None))
             return token
 
         try:
-            tokens = verify(req.draft, draw, self.stop_ids)
+            verify(req.draft, draw, self.stop_ids)
         except ValueError as e:  # logits with no finite peak (a model gone bad): this request only
-            return str(e)
-        return list(zip(tokens, candidates, strict=True))
+            # the tokens before the row are emitted, as plain decoding would; it fails on that
+            # row at the next step, whose logits are these
+            return drawn or str(e)
+        return drawn
 
     def _sample(self, req: Request, row: np.ndarray, recent: list[int]) -> int:
         """A token the request's grammar allows (its row is masked in place: TOPK then shows the
@@ -421,12 +426,12 @@ class Engine:
         verified by the one before it, whose K/V the step wrote: it joins the history then."""
         draft, req.draft = req.draft, []
         for j, (token, topk) in enumerate(picked):
+            if req.finished.is_set() or req.scope.cancel_called:  # a CANCEL during an emit: the
+                break  # request's task owns the slot now (it persists it, then frees it)
             if j:
                 req.slot.history.append(draft[j - 1])
                 req.todo = []
             await self._accept(req, token, topk)
-            if req.finished.is_set():
-                break
         if req.drafting is not None and draft:
             accepted = sum(1 for (t, _), d in zip(picked, draft, strict=False) if t == d)
             req.drafting.record(len(draft), accepted, req.emitted)
@@ -466,6 +471,16 @@ class Engine:
         req.todo = []
         self._deactivate(req)
         req.finished.set()
+
+
+def _index(slot: Slot, prompt: list[int]) -> NgramDrafter:
+    """The slot's prompt-lookup index, holding ``prompt`` (off the event loop: a long prompt's
+    first index takes tens of milliseconds)."""
+    if slot.drafter is None:
+        slot.drafter = NgramDrafter(prompt)
+    else:
+        slot.drafter.reuse(prompt)
+    return slot.drafter
 
 
 def _sampling(sub: Submit, sampling: SamplingParams | None) -> SamplingParams:

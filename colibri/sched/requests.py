@@ -13,7 +13,7 @@ from colibri.model.grammar import Constraint
 from colibri.model.interface import StoreCounters
 from colibri.model.sampling import Sampler
 from colibri.model.tokenizer import StreamDecoder
-from colibri.sched.speculation import Drafting
+from colibri.sched.speculation import Drafting, NgramDrafter
 
 # Where a request's events go: its session's encoder, or a capture around it (legacy, Channel).
 Emit = Callable[[object], Awaitable[None]]
@@ -24,6 +24,8 @@ class Slot:
     index: int
     history: list[int] = field(default_factory=list)  # tokens whose K/V are in the cache, in order
     owner: Request | None = None
+    # prompt lookup's index of its last request's tokens: the next turn indexes only what it adds
+    drafter: NgramDrafter | None = None
 
 
 @dataclass(eq=False)

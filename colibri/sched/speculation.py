@@ -8,8 +8,9 @@ draft token is a point mass, so this is speculative sampling's rejection rule (a
 probability p(d), else draw from p without d, renormalized), drawn with the same one uniform
 number per emitted token as plain decoding: greedy and seeded output are token for token those
 of plain decoding, and sampled output keeps its distribution exactly. The rows past the first
-rejection wrote K/V beyond the slot's history: nothing reads a position past its history, and the
-next step overwrites them (the rollback is the history's length).
+rejection wrote K/V beyond the slot's history: a row attends to the positions up to its own only,
+all of them written by its step or held in the history, so those are never read, and later steps
+write over them as the history grows (the rollback is the history's length).
 
 Sources (``--speculative``): ``ngram``, prompt lookup over the stream's own tokens (prompt and
 output), no extra weights; ``mtp``, the model's NextN layer, where a file has one (none of the
@@ -43,8 +44,10 @@ NGRAM_MIN = 2
 # one, and much less of a draft from a two-token match, which would otherwise set one rate for
 # both); agreement is counted up to AGREEMENT_MAX tokens.
 COPYING = 5
+AGREEMENT_MAX = 32  # past COPYING it only tells how long the copy has run: no need to count on
+# A copy's drafts are taken for likely before any is measured (the code edit's copies accepted
+# 85-90% of their tokens): its first draft is several tokens, not one.
 COPY_PRIOR = 0.8
-AGREEMENT_MAX = 32
 # Drafting pauses when fewer than PAUSE_BELOW of the last PAUSE_WINDOW proposed tokens were
 # accepted, for PAUSE_TOKENS emitted tokens (colibri's C engine's rule).
 PAUSE_WINDOW = 24
@@ -56,26 +59,32 @@ PAUSE_TOKENS = 256
 # one rejection alone (a = 1/3) no longer keeps a one-token draft out on the default model.
 ACCEPTANCE_DECAY = 0.96
 # The step cost: a row beyond the first costs ROW_COST_PRIOR of a one-row step until steps of
-# several rows say otherwise (SmolLM2 Q4_1, 2 cores, a 400-token function copied: ~0.25-0.35; the
-# forward pass alone, every row's logits, 300 positions: 1 row 4.7 ms, 9 rows 20.9 ms). A new
-# observation moves the one-row time by UNIT_WEIGHT and the ratio by RATIO_WEIGHT (a memory of ~10
-# and ~30 steps: the host's noise averages out, a prompt's growing context is followed); one ratio
-# seen outside [MIN_RATIO, MAX_RATIO] (a step the OS delayed) counts as that bound.
+# varied row counts say otherwise (SmolLM2 Q4_1, 2 cores, a 400-token function copied: ~0.25-0.35;
+# the forward pass alone, every row's logits, 300 positions: 1 row 4.7 ms, 9 rows 20.9 ms; a tiny
+# test model's rows are nearly free). The prior weighs as much as steps whose row counts spread by
+# COST_PRIOR_SPREAD (squared rows); each step weighs the past down by COST_DECAY (a memory of ~100
+# steps: the host's noise averages out, a conversation's growing context is followed). A step slower
+# than OUTLIER times the fit counts as that; the first WARMUP_STEPS are not counted; a row never
+# costs less than MIN_RATIO of a step (the fit on noise can say so).
 ROW_COST_PRIOR = 0.3
-UNIT_WEIGHT = 0.1
-RATIO_WEIGHT = 0.03
-MIN_RATIO, MAX_RATIO = 0.02, 1.5
+COST_PRIOR_SPREAD = 4.0
+COST_DECAY = 0.99
+OUTLIER = 3.0
+WARMUP_STEPS = 2
+MIN_RATIO = 0.02
 
 
 class NgramDrafter:
     """Prompt lookup over one stream's tokens: the continuation of the latest earlier occurrence of
-    its last n tokens, n from NGRAM_MAX down to NGRAM_MIN. Each n-gram's latest end is kept in a
-    table updated as tokens come (a lookup is a dict access, whatever the length)."""
+    its last n tokens, n from NGRAM_MAX down to NGRAM_MIN. Each n-gram's ends are kept in a table
+    updated as tokens come (a lookup is a dict access, whatever the length), in order, so that
+    dropping a sequence's tail (``reuse``) drops its last entries and the earlier ones stand."""
 
     def __init__(self, tokens: Sequence[int]) -> None:
         self.tokens: list[int] = []
-        # n -> {n-gram: the index of its last token, for the latest one followed by a token}
-        self._ends: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(NGRAM_MIN, NGRAM_MAX + 1)}
+        # n -> {n-gram: the indices of its last token where a token followed it, ascending}
+        self._ends: dict[int, dict[tuple[int, ...], list[int]]] = {
+            n: {} for n in range(NGRAM_MIN, NGRAM_MAX + 1)}
         self.extend(tokens)
 
     def extend(self, tokens: Sequence[int]) -> None:
@@ -84,7 +93,7 @@ class NgramDrafter:
             end = len(seq) - 1  # the n-grams ending here now have a continuation: t
             for n, table in self._ends.items():
                 if end + 1 >= n:
-                    table[tuple(seq[end - n + 1 : end + 1])] = end
+                    table.setdefault(tuple(seq[end - n + 1 : end + 1]), []).append(end)
             seq.append(t)
 
     def propose(self, limit: int) -> tuple[list[int], int]:
@@ -95,15 +104,33 @@ class NgramDrafter:
         if limit <= 0:
             return [], 0
         for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
-            if len(seq) <= n:
+            ends = self._ends[n].get(tuple(seq[-n:])) if len(seq) > n else None
+            if not ends:
                 continue
-            end = self._ends[n].get(tuple(seq[-n:]))
-            if end is not None:
-                i, j = end - n, len(seq) - 1 - n
-                while n < AGREEMENT_MAX and i >= 0 and seq[i] == seq[j]:
-                    n, i, j = n + 1, i - 1, j - 1
-                return seq[end + 1 : end + 1 + limit], n
+            end = ends[-1]
+            agreed, i, j = n, end - n, len(seq) - 1 - n
+            while agreed < AGREEMENT_MAX and i >= 0 and seq[i] == seq[j]:
+                agreed, i, j = agreed + 1, i - 1, j - 1
+            return seq[end + 1 : end + 1 + limit], agreed
         return [], 0
+
+    def reuse(self, tokens: Sequence[int]) -> None:
+        """Hold ``tokens`` instead: the common prefix is kept with its table (a conversation's next
+        turn costs only what it adds), the rest dropped, its entries with it, latest first."""
+        seq, common = self.tokens, 0
+        for a, b in zip(seq, tokens, strict=False):
+            if a != b:
+                break
+            common += 1
+        for end in range(len(seq) - 2, common - 2, -1):  # the entries a dropped token continued
+            for n, table in self._ends.items():
+                if end + 1 >= n:
+                    key = tuple(seq[end - n + 1 : end + 1])
+                    table[key].pop()
+                    if not table[key]:
+                        del table[key]
+        del seq[common:]
+        self.extend(tokens[common:])
 
 
 class Acceptance:
@@ -148,29 +175,45 @@ class Acceptance:
 
 class StepCost:
     """What a decode step's rows cost, from the steps measured (steps with prompt rows are not
-    decode steps: not counted). A step of n rows costs ``unit * (1 + ratio * (n - 1))``: ``unit``
-    follows the one-row steps, ``ratio`` (a row beyond the first, in one-row steps) the others,
-    each observation weighed against it. The ratio starts at its prior and stays there until steps
-    of several rows are seen: nothing else tells it."""
+    decode steps: not counted): seconds = base + row * rows, fitted by least squares over decayed
+    sums, the slope drawn toward the prior (a row costs ROW_COST_PRIOR of a one-row step) with the
+    weight of COST_PRIOR_SPREAD: where the steps' row counts hardly vary (16 streams and no drafts)
+    the data cannot tell a row's cost, and the prior stands."""
 
     def __init__(self) -> None:
-        self.unit = 0.0  # seconds of a one-row step (0: none seen yet)
-        self.ratio = ROW_COST_PRIOR
+        self._sums = [0.0] * 5  # decayed sums of 1, n, n^2, t, n*t
+        self._skip = WARMUP_STEPS
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows < 1 or seconds <= 0:
             return
-        if not self.unit:
-            self.unit = seconds / (1.0 + self.ratio * (rows - 1))
-        elif rows == 1:
-            self.unit += UNIT_WEIGHT * (seconds - self.unit)
-        else:
-            seen = min(max((seconds / self.unit - 1.0) / (rows - 1), MIN_RATIO), MAX_RATIO)
-            self.ratio += RATIO_WEIGHT * (seen - self.ratio)
+        if self._skip:  # the first steps wait on cold caches and first calls
+            self._skip -= 1
+            return
+        if self._sums[0] > 1.0:  # one step the OS held counts as a slow one, not as ten
+            base, row = self._fit()
+            seconds = min(seconds, OUTLIER * (base + row * rows))
+        self._sums = [v * COST_DECAY for v in self._sums]
+        for i, v in enumerate((1.0, rows, rows * rows, seconds, rows * seconds)):
+            self._sums[i] += v
+
+    def _fit(self) -> tuple[float, float]:
+        """(base, row) in seconds."""
+        w, wn, wnn, wt, wnt = self._sums
+        n, t = wn / w, wt / w
+        spread, cov = wnn - wn * n, wnt - wn * t
+        # the prior's slope, ROW_COST_PRIOR of a one-row step, written in the fitted line's terms
+        row = (cov + COST_PRIOR_SPREAD * ROW_COST_PRIOR * t) / (
+            spread + COST_PRIOR_SPREAD * (1.0 + ROW_COST_PRIOR * (n - 1.0)))
+        row = max(row, MIN_RATIO * t / n)
+        return max(t - row * n, 0.0), row
 
     def split(self) -> tuple[float, float]:
         """(base, row) in one-row-step units: a step of n rows costs base + row * n."""
-        return max(1.0 - self.ratio, 0.0), self.ratio
+        if self._sums[0] <= 0.0:
+            return 1.0 - ROW_COST_PRIOR, ROW_COST_PRIOR
+        base, row = self._fit()
+        return base / (base + row), row / (base + row)
 
 
 def draft_length(rate: float, streams: int, cost: tuple[float, float], limit: int) -> int:
@@ -228,8 +271,8 @@ def resolve(mode: str, draft_max: int, arch: str) -> Speculation:
 class Drafting:
     """One request's drafting: its source, its acceptance, its counts (PERF reports them)."""
 
-    def __init__(self, tokens: Sequence[int]) -> None:
-        self.source = NgramDrafter(tokens)
+    def __init__(self, source: NgramDrafter) -> None:
+        self.source = source  # the slot's, holding the request's prompt
         # by the source's agreement; a copy's drafts are taken for likely before any is measured
         self.matched, self.copying = Acceptance(), Acceptance(COPY_PRIOR)
         self._last = self.matched  # the acceptance the step's draft is measured for
