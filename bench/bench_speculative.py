@@ -16,7 +16,8 @@ drafts and with ``LlamaPromptLookupDecoding(num_pred_tokens=--draft)``, the same
 same measure. 2 threads each, one side at a time, the sides alternating run by run; medians of
 --runs. Then the open chat at 16 streams at once (16 prompts, one per slot), colibri's aggregate
 decode tok/s with speculation off and on. The greedy answers of colibri off and on must be the
-same tokens: the bench stops if they are not.
+same tokens: the bench stops if they are not. ``tok/step`` is the tokens each forward step gave the
+turn with speculation (the last run's), a figure the host's noise does not move.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import colibri
 from colibri import settings
-from colibri.io.events import Data, Done, Error, Perf, Ready, Submit
+from colibri.io.events import Data, Done, Error, Perf, Prof, Ready, Submit
 from colibri.io.mux import ResponseReader, encode_request
 
 PEER_ENV = {k: v for k, v in os.environ.items() if k not in colibri.ENV_SET}
@@ -148,15 +149,18 @@ class Engine:
         outs = {rid: {"text": b"", "drafted": 0, "accepted": 0} for rid in ids}
         first: dict[int, float] = {}
         pending = set(ids)
+        steps = 0  # PROF's forward steps (it carries no id: the DONE after it is its turn's)
         for event in self._events():
             rid = getattr(event, "id", 0)
+            if isinstance(event, Prof):
+                steps = event.forwards
             if isinstance(event, Data) and rid in outs:
                 first.setdefault(rid, time.perf_counter())
                 outs[rid]["text"] += event.text
             elif isinstance(event, Perf) and rid in outs:
                 outs[rid].update(drafted=event.drafted_tokens, accepted=event.accepted_tokens)
             elif isinstance(event, Done) and rid in outs:
-                outs[rid].update(tok_s=event.tok_s, emitted=event.emitted)
+                outs[rid].update(tok_s=event.tok_s, emitted=event.emitted, steps=steps)
                 pending.discard(rid)
             elif isinstance(event, Error) and rid in outs:
                 raise RuntimeError(f"request failed: {event}")
@@ -207,14 +211,14 @@ def main() -> None:
                 figs[mode].append(out["tok_s"])
                 texts.setdefault(mode, out["text"])
                 if mode == "ngram":
-                    counts.append((out["drafted"], out["accepted"], out["emitted"]))
+                    counts.append((out["drafted"], out["accepted"], out["emitted"], out["steps"]))
             for side, draft in (("llama", 0), ("lookup", args.draft)):
                 figs[side].append(peer(model, ids, max_tokens, draft, sorted(tok.stop_ids))["decode_tps"])
         if texts["off"] != texts["ngram"]:
             raise SystemExit(f"{name}: the answers with and without speculation differ")
         med = {k: statistics.median(v) for k, v in figs.items()}
-        drafted, accepted, emitted = counts[-1]
-        rows[name] = {**med, "drafted": drafted, "accepted": accepted, "emitted": emitted}
+        drafted, accepted, emitted, steps = counts[-1]
+        rows[name] = {**med, "drafted": drafted, "accepted": accepted, "emitted": emitted, "steps": steps}
     many: dict[str, list[float]] = {mode: [] for mode in engines}
     for _ in range(args.runs):
         for mode, e in engines.items():
@@ -227,11 +231,11 @@ def main() -> None:
         e.close()
     print(f"decode tok/s, greedy, 2 threads, medians of {args.runs}; drafts of at most {args.draft} tokens")
     print(f"{'workload':<17}{'tokens':>7}{'off':>8}{'ngram':>8}{'x off':>7}{'llama':>8}{'lookup':>8}"
-          f"{'x lookup':>9}{'accepted':>10}")
+          f"{'x lookup':>9}{'accepted':>10}{'tok/step':>9}")
     for name, r in rows.items():
         print(f"{name:<17}{r['emitted']:>7}{r['off']:>8.1f}{r['ngram']:>8.1f}{r['ngram'] / r['off']:>7.2f}"
               f"{r['llama']:>8.1f}{r['lookup']:>8.1f}{r['ngram'] / r['lookup']:>9.2f}"
-              f"{r['accepted']:>5}/{r['drafted']:<4}")
+              f"{r['accepted']:>5}/{r['drafted']:<4}{r['emitted'] / max(r['steps'], 1):>9.2f}")
     print(f"open chat, 16 streams at once, aggregate: off {streams['off']:.1f}, ngram "
           f"{streams['ngram']:.1f} ({streams['ngram'] / streams['off']:.2f}x), accepted "
           f"{many_counts[1]}/{many_counts[0]}")

@@ -49,7 +49,8 @@ class ScriptedEngine:
         self.stopped = rid
 
     async def generate(self, prompt: str, slot: int, *args: object, grammar: str | None = None,
-                       ticket=None, forget: bool = False) -> AsyncIterator:
+                       ticket=None, forget: bool = False, speculative: bool | None = None) -> AsyncIterator:
+        self.speculative = speculative
         finished = False
         if ticket is not None:
             ticket.id = 1
