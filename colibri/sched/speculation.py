@@ -13,9 +13,9 @@ all of them written by its step or held in the history, so those are never read,
 write over them as the history grows (the rollback is the history's length).
 
 Sources (``--speculative``): ``ngram``, prompt lookup over the stream's own tokens (prompt and
-output), no extra weights; ``mtp``, the model's NextN layer, where a file has one (none of the
-architectures loaded here has one yet: asking for it is an error at start); ``auto``, the best
-the model has.
+output), no extra weights; ``mtp``, the model's NextN layer (GLM-4.5's files may carry one, but
+colibri runs no architecture's yet: asking for it is an error at start); ``auto``, the best source
+the model has: prompt lookup, today.
 
 How much: draft token i is verified only where it pays. ``Acceptance`` measures the chance a draft
 token is accepted, given the previous one was (a); ``StepCost`` measures what a step's rows cost.
@@ -55,8 +55,8 @@ PAUSE_BELOW = 0.10
 PAUSE_TOKENS = 256
 # The acceptance estimate: decayed counts of accepted and rejected draft tokens over a prior of one
 # each (a = 0.5 before any proposal, enough for a first one-token draft on the default model);
-# every emitted token weighs the past by ACCEPTANCE_DECAY: its half-life is 17 tokens, after which
-# one rejection alone (a = 1/3) no longer keeps a one-token draft out on the default model.
+# every emitted token weighs the past by ACCEPTANCE_DECAY, a half-life of 17 tokens: the rate
+# follows what the stream does now (copying a passage, then writing its own words, then copying).
 ACCEPTANCE_DECAY = 0.96
 # The step cost: a row beyond the first costs ROW_COST_PRIOR of a one-row step until steps of
 # varied row counts say otherwise (SmolLM2 Q4_1, 2 cores, a 400-token function copied: ~0.25-0.35;
