@@ -38,7 +38,14 @@ class MuxSession:
     async def emit(self, event: object) -> None:
         if isinstance(event, Data) and not event.text:
             return  # a token whose character is not complete yet: its text comes with the next
-        await self.out.send(mux.encode_response(event))
+        line = mux.encode_response(event)
+        try:
+            # No yield while there is room: a step's lines (a drafted request's several tokens,
+            # each DATA with its TOPK) queue up whole, and the writer sends them in one write
+            # once the step loop waits on the next step (engine_process._writer).
+            self.out.send_nowait(line)
+        except trio.WouldBlock:
+            await self.out.send(line)
 
     @property
     def max_payload(self) -> int:
