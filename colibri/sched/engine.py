@@ -452,7 +452,9 @@ class Engine:
             await req.emit(TopK(req.id, topk))
         if self.experts is not None and req.emitted % HITS_EVERY_TOKENS == 0:
             rows, cols = self.experts.shape
-            await req.emit(Hits(rows, cols, self.experts.take_hits()))
+            hits = self.experts.take_hits()
+            if any(hits):  # none since the last: a drafted step's tokens, or a stream beside, took them
+                await req.emit(Hits(rows, cols, hits))
         if req.emitted >= req.submit.max_tokens or len(req.slot.history) >= self.n_ctx:
             return self._end(req, limited=True)
         if req.stop_requested or (req.constraint is not None and req.constraint.finished):
