@@ -39,6 +39,8 @@ from colibri.io.mux import ResponseReader, encode_request
 PEER_ENV = {k: v for k, v in os.environ.items() if k not in colibri.ENV_SET}
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = "2"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine import QUESTIONS  # noqa: E402
 
 FUNCTION = '''def summarize_orders(orders, currency="EUR", min_total=0.0):
     """Group orders by customer and return one summary row per customer, largest total first.
@@ -103,14 +105,7 @@ WORKLOADS = {
                         "warranty word for word.", 250),
     "open chat": ("Tell me a story about a dragon who learns to cook.", 200),
 }
-OPEN_PROMPTS = [
-    "Tell me about the ocean.", "Describe a forest in spring.", "Explain how a bicycle works.",
-    "Write about a city at night.", "Describe a mountain hike.", "Tell me about the moon.",
-    "Explain what a library is for.", "Describe a thunderstorm.", "Tell me about honey bees.",
-    "Describe a busy market.", "Explain how bread is made.", "Tell me about trains.",
-    "Describe a winter morning.", "Explain how a compass works.", "Tell me about volcanoes.",
-    "Describe a quiet beach.",
-]
+OPEN_PROMPTS = QUESTIONS  # bench_engine.py's sixteen: the same open chat at 16 streams
 STREAMS_TOKENS = 128
 
 
