@@ -146,12 +146,39 @@ def test_a_copys_drafts_are_measured_apart():
     assert short.matched.rate(1) < 0.5 and short.copying.rate(1) == sp.COPY_PRIOR
 
 
-def test_mtp_is_refused_where_the_model_has_none_and_auto_is_prompt_lookup():
+def test_mtp_is_refused_where_the_model_has_none_and_auto_takes_the_sources_it_has():
     assert settings.SPECULATIVE_CHOICES == sp.SPECULATIVE_MODES
     with pytest.raises(ConfigError, match="MTP"):
-        sp.resolve("mtp", 8, "llama")
-    assert sp.resolve("auto", 6, "llama") == sp.Speculation("ngram", 6)
-    assert not sp.resolve("off", 8, "llama").on
+        sp.resolve("mtp", 8, "llama", has_nextn=False)
+    alone = sp.resolve("auto", 6, "llama", has_nextn=False)
+    assert alone == sp.Speculation("ngram", 6) and alone.lookup and not alone.nextn
+    both = sp.resolve("auto", 6, "glm4moe", has_nextn=True)
+    assert both.lookup and both.nextn
+    mtp = sp.resolve("mtp", 6, "glm4moe", has_nextn=True)
+    assert mtp.nextn and not mtp.lookup
+    assert not sp.resolve("off", 8, "glm4moe", has_nextn=True).on
+    assert not sp.Speculation("auto", 0).nextn
+
+
+def test_the_layers_draft_is_taken_unless_lookup_finds_a_copy():
+    """auto on a model with a NextN layer: the layer's draft, measured on its own acceptance;
+    a stream that lookup finds copying (5 tokens or more agree) takes lookup's longer draft."""
+    passage = list(range(100, 140))
+    d = sp.Drafting(NgramDrafter([*passage, 7, *passage[:20]]), nextn=True)
+    d.layer_draft = [1, 2]
+    assert d.propose(emitted=0, streams=1, cost=(0.7, 0.3), limit=16)[0] == passage[20]
+    assert d.layer_draft == []  # a layer's draft is for one step only
+    d.record(4, 4, emitted=5)
+    assert d.nextn.rate(5) == 0.5 and d.copying.rate(5) > sp.COPY_PRIOR
+    open_chat = sp.Drafting(NgramDrafter([1, 2, 3, 9, 1, 2]), nextn=True)
+    open_chat.layer_draft = [8]
+    assert open_chat.propose(emitted=0, streams=1, cost=(0.7, 0.3), limit=16) == [8]
+    open_chat.record(1, 0, emitted=1)
+    assert open_chat.nextn.rate(1) < 0.5 and open_chat.matched.rate(1) == 0.5
+    alone = sp.Drafting(None, nextn=True)
+    alone.extend([5, 6])  # nothing to index
+    assert alone.layer_length(emitted=0, streams=1, cost=(0.7, 0.3), limit=16) >= 1
+    assert alone.layer_length(emitted=0, streams=1, cost=(0.7, 0.3), limit=0) == 0
 
 
 def test_verify_walks_the_draft_while_it_matches_and_stops_at_a_stop_token():

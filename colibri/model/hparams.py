@@ -45,6 +45,7 @@ class HParams:
     rope_linear: float = 1.0  # rope.scaling.factor of a "linear" scaling: positions divided by it
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: RoPE's rotated pairs times it (Phi)
     n_ctx_orig: int = 0  # rope.scaling.original_context_length: past it, the long RoPE factors
+    n_nextn: int = 0  # nextn_predict_layers: the file's last blocks, next-token-prediction (MTP) layers
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> HParams:
@@ -73,6 +74,7 @@ class HParams:
         return cls(
             arch=arch,
             n_layers=int(need("block_count")) - int(opt("nextn_predict_layers")),
+            n_nextn=int(opt("nextn_predict_layers")),
             n_embd=n_embd,
             n_ff=int(need("feed_forward_length")),
             n_heads=n_heads,

@@ -63,6 +63,10 @@ class EngineModel(Protocol):
 
     text: ModelText  # the text side: the trust rule's rendering of chat turns
     step_times: StepTimes  # the last forward step's parts (PERF and PROF add them up per request)
+    has_draft_layer: bool  # a NextN (MTP) layer is loaded: ``draft`` runs it
+
+    @property
+    def hidden(self) -> np.ndarray: ...  # the last forward step's rows after the last layer, pre-norm
 
     def new_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache: ...
 
@@ -70,3 +74,6 @@ class EngineModel(Protocol):
 
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
                 logit_rows: np.ndarray, n_direct: int, embeds: np.ndarray | None = None) -> np.ndarray: ...
+
+    def draft(self, tokens: np.ndarray, hidden: np.ndarray, slots: np.ndarray, positions: np.ndarray,
+              kv: KVCache, logit_rows: np.ndarray, n_direct: int) -> tuple[np.ndarray, np.ndarray]: ...

@@ -51,8 +51,10 @@ class KVBoundsError(ValueError):
 
 
 class KVCache:
-    def __init__(self, hp: HParams, n_slots: int, n_ctx: int, kv_type: str = DEFAULT_KV_TYPE) -> None:
-        shape = (n_slots, hp.n_layers, n_ctx, hp.n_kv_heads, hp.head_dim)
+    def __init__(self, hp: HParams, n_slots: int, n_ctx: int, kv_type: str = DEFAULT_KV_TYPE,
+                 n_layers: int = 0) -> None:
+        """``n_layers``: the layers with K/V where they are not ``hp.n_layers`` (a NextN layer's)."""
+        shape = (n_slots, n_layers or hp.n_layers, n_ctx, hp.n_kv_heads, hp.head_dim)
         self.n_slots, self.n_ctx = n_slots, n_ctx
         self.dtype = KV_TYPES[kv_type_name(kv_type)]
         # Pages are mapped as they are written: an idle slot costs no RAM, a used one what it holds.

@@ -28,9 +28,11 @@ class Model:
     """A loaded model. The tokenizer and template are built on first use: ``--prompt-ids`` runs
     need neither, and test models may carry no vocabulary."""
 
-    def __init__(self, path: Path, ram_budget: Budget = None, kv_type: str = DEFAULT_KV_TYPE) -> None:
+    def __init__(self, path: Path, ram_budget: Budget = None, kv_type: str = DEFAULT_KV_TYPE,
+                 mtp: bool = False) -> None:
         """``ram_budget``: bytes (or experts per MoE layer) the expert store's resident copies may take
-        (None: no limit); ``kv_type``: the KV caches' element type (``kv_cache.KV_TYPES``)."""
+        (None: no limit); ``kv_type``: the KV caches' element type (``kv_cache.KV_TYPES``); ``mtp``:
+        load the file's NextN layer, where the architecture runs one, for drafting (``draft``)."""
         self.kv_type = kv_type_name(kv_type)
         self._kv_dtype = KV_TYPES[kv_type]
         self.gguf = GGUFFile(path)
@@ -38,7 +40,8 @@ class Model:
         arch = ARCHITECTURES.get(self.hp.arch)
         if arch is None:
             raise GGUFError(f"{path}: {unsupported(self.hp.arch)}")
-        self.decoder: Decoder = arch(self.gguf, self.hp, ram_budget)
+        self.decoder: Decoder = arch(self.gguf, self.hp, ram_budget, mtp)
+        self.has_draft_layer = self.decoder.nextn is not None
         self.text = ModelText(self.gguf)
         self.fingerprint = self.gguf.fingerprint()
         store = self.decoder.experts
@@ -53,7 +56,7 @@ class Model:
         return self.text.chat_template
 
     def new_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache:
-        return KVCache(self.hp, n_slots, n_ctx, self.kv_type)
+        return KVCache(self.hp, n_slots, n_ctx, self.kv_type, self.decoder.kv_layers)
 
     def kv_fingerprint(self, n_ctx: int) -> bytes:
         """What persisted keys and values for a cache of ``n_ctx`` positions are checked against: the
@@ -70,6 +73,20 @@ class Model:
         if kv.dtype != self._kv_dtype:
             raise ValueError(f"a {kv.dtype} KV cache for a model of {self.kv_type} caches")
         return self.decoder.forward(tokens, slots, positions, kv, logit_rows, n_direct, embeds)
+
+    @property
+    def hidden(self) -> np.ndarray:
+        """The last forward step's rows as the last layer left them (before the final norm)."""
+        return self.decoder.hidden
+
+    def draft(self, tokens: np.ndarray, hidden: np.ndarray, slots: np.ndarray, positions: np.ndarray,
+              kv: KVCache, logit_rows: np.ndarray, n_direct: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The NextN layer's step (``network/nextn.py``): row t takes ``tokens[t]``, the token after
+        the one whose last hidden state is ``hidden[t]``; the logits of ``logit_rows`` (each
+        predicting the token after ``tokens[t]``) and every row's output. ValueError without one."""
+        if kv.dtype != self._kv_dtype:
+            raise ValueError(f"a {kv.dtype} KV cache for a model of {self.kv_type} caches")
+        return self.decoder.draft(tokens, hidden, slots, positions, kv, logit_rows, n_direct)
 
     @property
     def step_times(self) -> StepTimes:

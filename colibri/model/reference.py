@@ -375,24 +375,49 @@ def glm4moe(w: Weights, ids: np.ndarray) -> np.ndarray:
     ``post_attention_norm``; the first ``leading_dense_block_count`` layers are dense. Experts:
     ``s = sigmoid(router · h)``, chosen by ``s + exp_probs_b`` within the best groups, weighted by
     ``s`` itself, renormalised (``expert_weights_norm``), times ``expert_weights_scale``; plus an
-    ungated shared expert. The next-token-prediction layers at the file's end are not run."""
-    c = w.config
+    ungated shared expert. The next-token-prediction layers at the file's end are not run here
+    (``glm4moe_nextn``)."""
+    return output(w, glm4moe_hidden(w, ids))
+
+
+def glm4moe_hidden(w: Weights, ids: np.ndarray) -> np.ndarray:
+    """The last layer's output at every position, before the final norm."""
     x = w.rows("token_embd.weight", ids)
-    for i in range(c.n_layers):
-        p = f"blk.{i}."
-        x = x + self_attention(w, p, x, neox=True, qk_norm=p + "attn_q_norm.weight" in w)
-        h = rms_norm(x, w[p + "post_attention_norm.weight"], c.eps)
-        if i < c.n_dense_lead or p + "ffn_gate_inp.weight" not in w:
-            x = x + dense_ffn(w, p, h)
-            continue
-        s = sigmoid(h @ w[p + "ffn_gate_inp.weight"].T)
-        chosen = grouped_top_k(s + w[p + "exp_probs_b.bias"], c.n_used, c.n_groups, c.n_groups_used)
-        weight = np.take_along_axis(s, chosen, axis=-1)
-        if c.norm_topk:  # llama.cpp's default: not renormalised unless the file says so
-            weight = weight / weight.sum(-1, keepdims=True)
-        weight = weight * (c.scale or 1.0)
-        x = x + experts(w, p, h, chosen, weight) + dense_ffn(w, p, h, "_shexp")
-    return output(w, x)
+    for i in range(w.config.n_layers):
+        x = glm4moe_layer(w, i, x)
+    return x
+
+
+def glm4moe_layer(w: Weights, i: int, x: np.ndarray) -> np.ndarray:
+    c, p = w.config, f"blk.{i}."
+    x = x + self_attention(w, p, x, neox=True, qk_norm=p + "attn_q_norm.weight" in w)
+    h = rms_norm(x, w[p + "post_attention_norm.weight"], c.eps)
+    if i < c.n_dense_lead or p + "ffn_gate_inp.weight" not in w:
+        return x + dense_ffn(w, p, h)
+    s = sigmoid(h @ w[p + "ffn_gate_inp.weight"].T)
+    chosen = grouped_top_k(s + w[p + "exp_probs_b.bias"], c.n_used, c.n_groups, c.n_groups_used)
+    weight = np.take_along_axis(s, chosen, axis=-1)
+    if c.norm_topk:  # llama.cpp's default: not renormalised unless the file says so
+        weight = weight / weight.sum(-1, keepdims=True)
+    weight = weight * (c.scale or 1.0)
+    return x + experts(w, p, h, chosen, weight) + dense_ffn(w, p, h, "_shexp")
+
+
+def glm4moe_nextn(w: Weights, ids: Sequence[int]) -> np.ndarray:
+    """The first next-token-prediction (MTP) layer's logits, [len(ids) - 1, n_vocab]: row p takes
+    the last hidden state at p and the embedding of ``ids[p + 1]`` (zeros at position 0, as vLLM's
+    GLM-4.5 MTP has it), and predicts ``ids[p + 2]``. ``x = eh_proj · [enorm(e) ; hnorm(h)]``, a
+    whole glm4moe layer (attention over the MTP rows, its own experts), ``shared_head_norm``, then
+    the output matrix (the layer's own ``shared_head_head`` where the file has one)."""
+    c, ids, p = w.config, np.asarray(ids, np.int64), f"blk.{w.config.n_layers}.nextn."
+    e = w.rows(p + "embed_tokens.weight" if p + "embed_tokens.weight" in w else "token_embd.weight", ids[1:])
+    e[0] = 0.0
+    e = rms_norm(e, w[p + "enorm.weight"], c.eps)
+    h = rms_norm(glm4moe_hidden(w, ids)[:-1], w[p + "hnorm.weight"], c.eps)
+    x = glm4moe_layer(w, c.n_layers, np.concatenate([e, h], 1) @ w[p + "eh_proj.weight"].T)
+    x = rms_norm(x, w[p + "shared_head_norm.weight"], c.eps)
+    head = next(n for n in (p + "shared_head_head.weight", "output.weight", "token_embd.weight") if n in w)
+    return x @ w[head].T
 
 
 def dense(w: Weights, ids: np.ndarray) -> np.ndarray:

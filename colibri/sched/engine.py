@@ -34,9 +34,10 @@ from colibri.model.interface import EngineModel
 from colibri.model.sampling import Sampler, SamplingParams, top_candidates
 from colibri.sched import persist, telemetry
 from colibri.sched.compute import ComputeThread
+from colibri.sched.drafts import assign_drafts, index_slot, nextn_pass
 from colibri.sched.planner import Share, StepPlan, plan_step
 from colibri.sched.requests import Emit, Request, Slot
-from colibri.sched.speculation import NO_SPECULATION, Drafting, NgramDrafter, Speculation, StepCost, verify
+from colibri.sched.speculation import NO_SPECULATION, Drafting, Speculation, StepCost, verify
 
 HITS_EVERY_TOKENS = 6  # the spec's "~every 6 tokens": a live routing picture without flooding the pipe
 
@@ -241,8 +242,10 @@ class Engine:
         if req.submit.max_tokens == 0 or req.stop_requested:
             req.finished.set()
             return True
-        if self.speculation.on and req.submit.speculative is not False and req.constraint is None:
-            req.drafting = Drafting(await trio.to_thread.run_sync(_index, req.slot, prompt))
+        spec = self.speculation
+        if spec.on and req.submit.speculative is not False and req.constraint is None:
+            lookup = await trio.to_thread.run_sync(index_slot, req.slot, prompt) if spec.lookup else None
+            req.drafting = Drafting(lookup, spec.nextn)
         self.active.append(req)
         self._work.set()
         return True
@@ -315,7 +318,7 @@ class Engine:
             self._work = trio.Event()
             while self.active:
                 async with self.step_lock:
-                    self._draft()
+                    assign_drafts(self.active, self.speculation, self.step_cost, self.n_ctx, self.stop_ids)
                     plan = plan_step(self.active, self.prefill_chunk)
                     t0 = time.perf_counter()
                     sampled = await self.run_model(self._compute, plan)
@@ -330,20 +333,6 @@ class Engine:
                 for req in [r for r in self.active if r.stop_requested]:
                     self._end(req, limited=False)  # STOP: mid-prompt, or between tokens
                 await trio.sleep(0)  # let CANCEL, STOP and new SUBMITs in between steps
-
-    def _draft(self) -> None:
-        """Each decoding request's draft for the step to come (``speculation.py``): no longer than
-        the tokens it may still emit and the positions its slot has left."""
-        decoding = [r for r in self.active if len(r.todo) == 1]
-        cost = self.step_cost.split()
-        for req in decoding:
-            if req.drafting is None or req.stop_requested:
-                continue
-            limit = min(self.speculation.draft_max, req.submit.max_tokens - req.emitted - 1,
-                        self.n_ctx - len(req.slot.history) - 1)
-            draft = req.drafting.propose(req.emitted, len(decoding), cost, limit)
-            stop = next((i for i, t in enumerate(draft) if t in self.stop_ids), None)
-            req.draft = draft if stop is None else draft[: stop + 1]  # nothing is drawn past a turn's end
 
     def _advance(self, plan: StepPlan, seconds: float) -> None:
         """The step's rows are in the KV cache now: each request's todo moves to its slot's history
@@ -378,6 +367,8 @@ class Engine:
             rows = logits[i : i + len(share.logit_rows)]
             i += len(share.logit_rows)
             out.append(self._walk(share, rows) if len(rows) else None)
+        if self.speculation.nextn:  # the model's draft layer, over the rows this step verified
+            nextn_pass(self.model, self.kv, plan, out, self.speculation, self.step_cost, self.stop_ids)
         return out
 
     def _walk(self, share: Share, rows: np.ndarray) -> Choice:
@@ -473,16 +464,6 @@ class Engine:
         req.todo = []
         self._deactivate(req)
         req.finished.set()
-
-
-def _index(slot: Slot, prompt: list[int]) -> NgramDrafter:
-    """The slot's prompt-lookup index, holding ``prompt`` (off the event loop: a long prompt's
-    first index takes tens of milliseconds)."""
-    if slot.drafter is None:
-        slot.drafter = NgramDrafter(prompt)
-    else:
-        slot.drafter.reuse(prompt)
-    return slot.drafter
 
 
 def _sampling(sub: Submit, sampling: SamplingParams | None) -> SamplingParams:

@@ -65,10 +65,12 @@ def run_engine(cfg: EngineConfig) -> int:
     if cfg.state_dir is not None:
         check_state_dir(cfg.state_dir)  # no other user can plant files in it (state_files.py)
     with ComputeThread() as compute:  # the model loads and computes on one thread (compute.py)
-        model = compute.call(lambda: Model(cfg.model_path, ram_budget=cfg.ram_budget, kv_type=cfg.kv_type))
+        mtp = cfg.speculative in ("mtp", "auto") and cfg.draft_max > 0  # its NextN layer, if it has one
+        model = compute.call(lambda: Model(cfg.model_path, ram_budget=cfg.ram_budget, kv_type=cfg.kv_type,
+                                           mtp=mtp))
         compute.call(load_kernels)  # a sampled request's first token does not wait for it
         n_ctx = min(cfg.n_ctx, model.hp.context_length)
-        speculation = resolve(cfg.speculative, cfg.draft_max, model.hp.arch)
+        speculation = resolve(cfg.speculative, cfg.draft_max, model.hp.arch, model.has_draft_layer)
         if cfg.cap is not None:
             print(f"coli engine: {cap_report(cfg.cap, model)}", file=sys.stderr, flush=True)
         return trio.run(_main, cfg, model, n_ctx, compute, speculation)

@@ -13,9 +13,10 @@ all of them written by its step or held in the history, so those are never read,
 write over them as the history grows (the rollback is the history's length).
 
 Sources (``--speculative``): ``ngram``, prompt lookup over the stream's own tokens (prompt and
-output), no extra weights; ``mtp``, the model's NextN layer (GLM-4.5's files may carry one, but
-colibri runs no architecture's yet: asking for it is an error at start); ``auto``, the best source
-the model has: prompt lookup, today.
+output), no extra weights; ``mtp``, the model's NextN layer (``colibri.model.network.nextn``: run
+after each step over the step's verified rows, it drafts a token, then feeds it back for the next;
+``drafts.py``); ``auto``, both where the model has a NextN layer (a stream that prompt lookup finds
+copying takes the lookup's draft, often a dozen tokens, the others the layer's), else lookup.
 
 How much: draft token i is verified only where it pays. ``Acceptance`` measures the chance a draft
 token is accepted, given the previous one was (a); ``StepCost`` measures what a step's rows cost.
@@ -256,40 +257,69 @@ class Speculation:
     def on(self) -> bool:
         return self.mode != "off" and self.draft_max > 0
 
+    @property
+    def lookup(self) -> bool:
+        """Prompt lookup drafts (alone, or the copies beside the NextN layer's)."""
+        return self.on and self.mode in ("ngram", "auto")
+
+    @property
+    def nextn(self) -> bool:
+        """The model's NextN layer drafts."""
+        return self.on and self.mode in ("mtp", "auto")
+
 
 NO_SPECULATION = Speculation()
 
 
-def resolve(mode: str, draft_max: int, arch: str) -> Speculation:
-    """The engine's setting for its model: ``auto`` as the best source the model has."""
-    if mode == "mtp":  # no architecture here runs its NextN layer yet (hparams drop it)
-        raise ConfigError(f"--speculative mtp: colibri does not run {arch!r}'s MTP (NextN) layer; "
-                          "use ngram or auto")
-    return Speculation("ngram" if mode == "auto" else mode, draft_max)
+def resolve(mode: str, draft_max: int, arch: str, has_nextn: bool) -> Speculation:
+    """The engine's setting for its model (``has_nextn``: a NextN layer loaded): ``auto`` as the
+    sources the model has."""
+    if mode == "mtp" and not has_nextn:
+        raise ConfigError(f"--speculative mtp: the model has no NextN (MTP) layer colibri runs "
+                          f"(architecture {arch!r}; GLM-4.5's files may carry one); use ngram or auto")
+    if mode == "auto" and not has_nextn:
+        mode = "ngram"
+    return Speculation(mode, draft_max)
 
 
 class Drafting:
-    """One request's drafting: its source, its acceptance, its counts (PERF reports them)."""
+    """One request's drafting: its sources, their acceptance, its counts (PERF reports them)."""
 
-    def __init__(self, source: NgramDrafter) -> None:
-        self.source = source  # the slot's, holding the request's prompt
+    def __init__(self, lookup: NgramDrafter | None, nextn: bool = False) -> None:
+        self.lookup = lookup  # the slot's prompt-lookup index, holding the request's prompt
         # by the source's agreement; a copy's drafts are taken for likely before any is measured
         self.matched, self.copying = Acceptance(), Acceptance(COPY_PRIOR)
+        self.nextn = Acceptance() if nextn else None  # the NextN layer's drafts
+        self.layer_draft: list[int] = []  # the NextN layer's draft for the next step (``drafts.py``)
         self._last = self.matched  # the acceptance the step's draft is measured for
         self.drafted = self.accepted = 0
 
     def extend(self, tokens: Sequence[int]) -> None:
-        self.source.extend(tokens)
+        if self.lookup is not None:
+            self.lookup.extend(tokens)
+
+    def layer_length(self, emitted: int, streams: int, cost: tuple[float, float], limit: int) -> int:
+        """How many tokens the NextN layer drafts for the step to come (each is one more pass of
+        the layer): none while paused."""
+        a = self.nextn
+        if a is None or limit <= 0 or emitted < a.paused_until:
+            return 0
+        return draft_length(a.rate(emitted), streams, cost, limit)
 
     def propose(self, emitted: int, streams: int, cost: tuple[float, float], limit: int) -> list[int]:
         """The draft for the step to come (empty: none this step)."""
+        layer_draft, self.layer_draft = self.layer_draft, []
         if limit <= 0:
             return []
-        draft, agreed = self.source.propose(limit)
-        a = self._last = self.copying if agreed >= COPYING else self.matched
+        draft, agreed = self.lookup.propose(limit) if self.lookup is not None else ([], 0)
+        if self.nextn is not None and agreed < COPYING:  # the layer's, unless lookup finds a copy
+            draft, a = layer_draft, self.nextn
+        else:
+            a = self.copying if agreed >= COPYING else self.matched
+        self._last = a
         if not draft or emitted < a.paused_until:
             return []
-        return draft[: draft_length(a.rate(emitted), streams, cost, len(draft))]
+        return draft[: draft_length(a.rate(emitted), streams, cost, min(len(draft), limit))]
 
     def record(self, proposed: int, accepted: int, emitted: int) -> None:
         self.drafted += proposed

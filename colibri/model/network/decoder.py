@@ -34,6 +34,7 @@ from colibri.model.network.layers import (
     load_ffn,
 )
 from colibri.model.network.moe import GATING_SOFTMAX, load_moe_ffn, routing
+from colibri.model.network.nextn import NextN
 from colibri.model.network.weights import named_norm, optional_vector
 from colibri.store.experts import Budget, ExpertStore
 from colibri.store.gguf import GGUFError, GGUFFile
@@ -78,6 +79,7 @@ class Decoder:
     # every layer local). None: the architecture has none, a window in its file ignored (llama.cpp
     # ignores phi3's, and reads none for llama or qwen2).
     SWA_PERIOD: int | None = None
+    NEXTN = False  # runs the file's next-token-prediction (MTP) layer, where it has one (``nextn.py``)
 
     def is_moe(self, gguf: GGUFFile, hp: HParams, layer: int) -> bool:
         return f"blk.{layer}.ffn_gate_inp.weight" in gguf.tensors
@@ -112,15 +114,19 @@ class Decoder:
             inv = rope_frequencies(hp.head_dim, hp.rope_dim, hp.rope_base) / hp.rope_linear
         return inv / factors if factors.shape[0] else inv
 
-    def __init__(self, gguf: GGUFFile, hp: HParams, ram_budget: Budget = None) -> None:
+    def __init__(self, gguf: GGUFFile, hp: HParams, ram_budget: Budget = None, mtp: bool = False) -> None:
         """``ram_budget``: bytes (or experts per MoE layer) the expert store's resident copies may take
-        (None: no limit)."""
+        (None: no limit); ``mtp``: load the file's first NextN layer where the architecture runs one
+        (``nextn``: its weights and experts; its K/V layer is the cache's whether loaded or not)."""
         self.hp = hp
+        has_nextn = self.NEXTN and hp.n_nextn > 0
+        self.kv_layers = hp.n_layers + has_nextn  # the NextN layer's K/V: the last
+        n_run = hp.n_layers + (has_nextn and mtp)  # the layers loaded: the NextN one last
         self.embedding = Embedding(gguf, hp.n_embd)
         if (why := hp.unsupported_rope()) is not None:
             raise GGUFError(f"{gguf.path}: {why}")
         self.head = OutputHead(gguf, hp.n_embd, hp.norm_eps)
-        self.experts = ExpertStore(gguf, hp.n_layers, hp.n_expert, hp.n_expert_used, ram_budget)
+        self.experts = ExpertStore(gguf, n_run, hp.n_expert, hp.n_expert_used, ram_budget)
         rule = routing(hp, self.GATING, norm=self.NORM_TOPK)
         # Per-frequency RoPE divisors: Llama 3's; or Phi's short ones, and its long ones for a cache
         # longer than the original context (llama.cpp's choice: by the context, not the position).
@@ -133,7 +139,7 @@ class Decoder:
         self.embed_scale = np.float32(self.embedding_scale(hp))
         self.attn, self.ffn_norm, self.ffn, self.moe = [], [], [], []
         self.shapes, self.inv_freq, self.inv_freq_long = [], [], []
-        for i in range(hp.n_layers):
+        for i in range(n_run):
             p = f"blk.{i}."
             self.attn.append(load_attention(gguf, i, hp, self.ATTN_POST_NORM))
             norms = FFNNorms(named_norm(gguf, p, self.FFN_NORM), named_norm(gguf, p, self.FFN_POST_NORM))
@@ -141,7 +147,8 @@ class Decoder:
             moe = self.is_moe(gguf, hp, i)
             if moe and (self.GELU or self.FFN_POST_NORM):  # the experts' call knows neither
                 raise NotImplementedError(f"{hp.arch}: a MoE layer with GeGLU or an FFN post-norm")
-            self.moe.append(load_moe_ffn(gguf, i, rule, self.experts) if moe else None)
+            # (the NextN layer's experts are not read ahead from the last layer's input: another space)
+            self.moe.append(load_moe_ffn(gguf, i, rule, self.experts, i < hp.n_layers) if moe else None)
             self.ffn.append(None if moe else load_ffn(gguf, p))
             window = hp.sliding_window if self.is_sliding(hp, i) else 0
             self.shapes.append(LayerShape(hp.n_heads, hp.n_kv_heads, hp.head_dim, float(hp.norm_eps),
@@ -157,6 +164,8 @@ class Decoder:
         self.dense_layer = Entry(dense_layer) if alike else dense_layer
         self.attention_then_norm = Entry(attention_then_norm) if alike else attention_then_norm
         self.step_times = StepTimes()
+        self.hidden = np.zeros((0, hp.n_embd), np.float32)  # the last step's last-layer rows, pre-norm
+        self.nextn = NextN(gguf, hp, self, hp.n_layers) if n_run > hp.n_layers else None
 
     def rope_variant(self, n_ctx: int) -> str:
         """"": the same RoPE at any context; else "short" or "long": Phi's factors, the long ones for a
@@ -188,18 +197,8 @@ class Decoder:
                 x = np.array(embeds, np.float32, order="C")
             if x.ndim != 2 or x.shape[1] != self.hp.n_embd:
                 raise ValueError(f"soft input rows must be [rows, {self.hp.n_embd}], got {list(x.shape)}")
-            h = np.empty_like(x)
-            t_attn = 0.0
-            inv_freq = self.inv_freq_long if self.rope_variant(kv.n_ctx) == "long" else self.inv_freq
-            for i in range(self.hp.n_layers):
-                args = (self.shapes[i], kv.k, kv.v, i, slots, positions, inv_freq[i], n_direct)
-                if self.moe[i] is None:
-                    self.dense_layer(x, self.attn[i], self.ffn_norm[i], self.ffn[i], *args)
-                else:
-                    t0 = time.perf_counter()
-                    self.attention_then_norm(x, self.attn[i], self.ffn_norm[i], *args, h)
-                    t_attn += time.perf_counter() - t0
-                    add_into(x, self.moe[i](h, n_direct))
+            t_attn = sum(self.layer(i, x, kv, slots, positions, n_direct) for i in range(self.hp.n_layers))
+            self.hidden = x
             t0 = time.perf_counter()
             logits = self.head(x, logit_rows)
             self.step_times = StepTimes(t_attn, time.perf_counter() - t0)
@@ -207,3 +206,30 @@ class Decoder:
             return logits
         finally:  # a step that failed is not weighed, but its counts end with it
             self.experts.step_done(time.perf_counter() - start, decode=done and n_direct == len(x))
+
+    def layer(self, i: int, x: np.ndarray, kv: KVCache, slots: np.ndarray, positions: np.ndarray,
+              n_direct: int) -> float:
+        """Layer i on the rows ``x``, in place; the seconds of its attention where it is its own
+        call (a MoE layer's), else 0."""
+        inv_freq = self.inv_freq_long if self.rope_variant(kv.n_ctx) == "long" else self.inv_freq
+        args = (self.shapes[i], kv.k, kv.v, i, slots, positions, inv_freq[i], n_direct)
+        if self.moe[i] is None:
+            self.dense_layer(x, self.attn[i], self.ffn_norm[i], self.ffn[i], *args)
+            return 0.0
+        h = np.empty_like(x)
+        t0 = time.perf_counter()
+        self.attention_then_norm(x, self.attn[i], self.ffn_norm[i], *args, h)
+        t_attn = time.perf_counter() - t0
+        add_into(x, self.moe[i](h, n_direct))
+        return t_attn
+
+    def draft(self, tokens: np.ndarray, hidden: np.ndarray, slots: np.ndarray, positions: np.ndarray,
+              kv: KVCache, logit_rows: np.ndarray, n_direct: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The NextN layer's step (``nextn.py``): its logits of ``logit_rows`` and its output rows."""
+        if self.nextn is None:
+            raise ValueError(f"{self.hp.arch}: no NextN layer loaded")
+        start = time.perf_counter()
+        try:
+            return self.nextn(tokens, hidden, slots, positions, kv, logit_rows, n_direct)
+        finally:  # its expert uses are not the next step's
+            self.experts.step_done(time.perf_counter() - start, decode=False)

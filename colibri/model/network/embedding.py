@@ -12,6 +12,7 @@ from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.model.network.weights import load_vector, load_weight
 from colibri.store.blocks import dequantize_row
 from colibri.store.gguf import GGUFFile
+from colibri.store.packed import Weight
 
 
 @nb.njit(nogil=True, cache=True)
@@ -23,9 +24,9 @@ def embed(tokens: np.ndarray, table: np.ndarray, gtype: int, out: np.ndarray) ->
 class Embedding:
     """The token embedding table: a view of the mmap, each row dequantized when a token needs it."""
 
-    def __init__(self, gguf: GGUFFile, n_embd: int) -> None:
-        info = gguf.require_supported("token_embd.weight")
-        self.table, self.gtype = gguf.raw("token_embd.weight"), int(info.gtype)
+    def __init__(self, gguf: GGUFFile, n_embd: int, name: str = "token_embd.weight") -> None:
+        info = gguf.require_supported(name)
+        self.table, self.gtype = gguf.raw(name), int(info.gtype)
         self.n_embd = n_embd
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
@@ -37,11 +38,16 @@ class Embedding:
 class OutputHead:
     """The final norm and the output matrix (the embedding's, packed, when they are tied)."""
 
-    def __init__(self, gguf: GGUFFile, n_embd: int, eps: float) -> None:
+    def __init__(self, gguf: GGUFFile, n_embd: int, eps: float, norm: str = "output_norm.weight",
+                 output: Weight | None = None) -> None:
+        """``norm``: the norm's name where it is not the model's own (a NextN layer's head);
+        ``output``: a matrix already packed (the model's, which a NextN layer shares)."""
         self.n_embd, self.eps = n_embd, eps
-        self.norm = load_vector(gguf, "output_norm.weight")
-        has_output = "output.weight" in gguf.tensors
-        self.output = load_weight(gguf, "output.weight" if has_output else "token_embd.weight")
+        self.norm = load_vector(gguf, norm)
+        if output is None:
+            has_output = "output.weight" in gguf.tensors
+            output = load_weight(gguf, "output.weight" if has_output else "token_embd.weight")
+        self.output = output
 
     def __call__(self, x: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
         """Final norm and output matmul of the rows asked for, on the direct path (one row per

@@ -13,7 +13,8 @@ A layer: ``x += attention(rmsnorm(x))``, then ``x += ffn(rmsnorm(x, post_attenti
   ranked by the sum of its two best corrected scores); weighted by the uncorrected ``s``,
   renormalised to sum 1 (``expert_weights_norm``), times ``expert_weights_scale`` (the routed
   scaling factor).
-- Next-token-prediction layers (``nextn_predict_layers``, the last blocks of the file) are not run.
+- Next-token-prediction layers (``nextn_predict_layers``, the last blocks of the file): the first
+  drafts tokens for speculative decoding where it is loaded (``nextn.py``); the others are not run.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Glm4MoeDecoder(Decoder):
     NORM_TOPK = False
     NEOX = True
     FFN_NORM = "post_attention_norm"
+    NEXTN = True
 
     def is_moe(self, gguf: GGUFFile, hp: HParams, layer: int) -> bool:
         return layer >= hp.n_dense_lead and super().is_moe(gguf, hp, layer)

@@ -395,12 +395,14 @@ class MoEFFN:
 
     def __init__(
         self, layer: int, router: np.ndarray, bias: np.ndarray, rule: Routing, store: ExpertStore,
-        shared: FFN | None = None, shared_gate: np.ndarray | None = None,
+        shared: FFN | None = None, shared_gate: np.ndarray | None = None, predictable: bool = True,
     ) -> None:
+        """``predictable``: the layer before may guess its experts by its router (``predict``)."""
         self.layer, self.router, self.bias, self.rule, self.store = layer, router, bias, rule, store
         self.shared = shared
         self.shared_gate = shared_gate if shared_gate is not None else np.zeros(0, np.float32)
-        store.register_predictor(layer, self.predict)
+        if predictable:
+            store.register_predictor(layer, self.predict)
 
     def select(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each row's experts ``ids[t, :k]`` (best first) and their weights."""
@@ -443,7 +445,8 @@ class MoEFFN:
         return out
 
 
-def load_moe_ffn(gguf: GGUFFile, layer: int, rule: Routing, store: ExpertStore) -> MoEFFN:
+def load_moe_ffn(gguf: GGUFFile, layer: int, rule: Routing, store: ExpertStore,
+                 predictable: bool = True) -> MoEFFN:
     """Layer ``layer``'s router (``ffn_gate_inp``), selection bias (``exp_probs_b``) and shared
     expert (``ffn_*_shexp``, gated by ``ffn_gate_inp_shexp``) where the file has them."""
     p = f"blk.{layer}."
@@ -454,7 +457,7 @@ def load_moe_ffn(gguf: GGUFFile, layer: int, rule: Routing, store: ExpertStore) 
     router, bias = load_matrix(gguf, p + "ffn_gate_inp.weight"), optional_vector(gguf, p + "exp_probs_b.bias")
     check_routing(gguf, layer, rule, router, bias, store.n_experts)
     shared_gate = optional_vector(gguf, p + "ffn_gate_inp_shexp.weight")
-    return MoEFFN(layer, router, bias, rule, store, shared, shared_gate)
+    return MoEFFN(layer, router, bias, rule, store, shared, shared_gate, predictable)
 
 
 def check_routing(gguf: GGUFFile, layer: int, rule: Routing, router: np.ndarray, bias: np.ndarray,
