@@ -67,15 +67,15 @@ KV_TYPE = Setting("kv_type", "--kv-type", "COLI_KV_TYPE", "f16", str,
 KV_TYPE_CHOICES = ("f16", "f32")  # colibri.model.kv_cache.KV_TYPES' names (tests/test_cli.py checks)
 # Speculative decoding (colibri/sched/speculation.py): drafts verified in the step, exact (greedy
 # and seeded output are plain decoding's tokens), pausing themselves where they do not pay, so on
-# by default: auto takes the model's MTP layer where colibri runs one (no architecture yet), else
-# prompt lookup. 16 draft
+# by default: auto takes the model's NextN (MTP) layer where the file has one colibri runs
+# (glm4moe), with prompt lookup's copies beside it, else prompt lookup alone. 16 draft
 # tokens at most: the draft length follows the acceptance below that (speculation.draft_length);
 # a stream copying a 400-token function decoded 1.80x plain decoding's speed with at most 8, 1.93x
 # with 16 (bench/bench_speculative.py, one run each).
 SPECULATIVE = Setting("speculative", "--speculative", "COLI_SPECULATIVE", "auto", str,
                       "speculative decoding: off, ngram (prompt lookup), mtp (the model's NextN "
-                      "layer, where colibri runs one: no architecture yet), auto (mtp where it "
-                      "can, else ngram)")
+                      "layer: GLM-4.5 files), auto (both where the model has a NextN layer, else "
+                      "ngram)")
 DRAFT_MAX = Setting("draft_max", "--draft-max", "COLI_DRAFT_MAX", 16, int,
                     "most draft tokens a stream has verified in one step (1-64)")
 MAX_DRAFT = 64  # a step's rows past a few dozen cost more than any draft's expected gain

@@ -108,3 +108,12 @@ async def test_the_echo_layers_drafts_are_accepted_on_a_repeating_stream(nursery
     _, perf = await _run(nursery, files["echo", "q8_0"], "mtp")
     accepted = sum(p.accepted_tokens for p in perf)
     assert 0 < accepted <= sum(p.drafted_tokens for p in perf)
+
+
+def test_coli_info_tells_of_the_layer(files):
+    from colibri.model.file_info import describe
+    from colibri.store.gguf import GGUFFile
+
+    lines = describe(GGUFFile(files["random", "f32"]))
+    features = next(line for line in lines if line.startswith("features"))
+    assert "1 NextN (MTP) layer: the first drafts tokens" in features

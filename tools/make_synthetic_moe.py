@@ -23,7 +23,7 @@ real values.
 
     python tools/make_synthetic_moe.py OUT.gguf [--arch llama|qwen3moe|glm4moe] [--layers 24]
         [--experts 64] [--used 4] [--embd 1024] [--ff 1024] [--vocab 4096] [--heads 8]
-        [--kv-heads 4] [--head-dim D]
+        [--kv-heads 4] [--head-dim D] [--nextn]
 """
 
 from __future__ import annotations
@@ -270,9 +270,10 @@ class _Plan:
         self.matrix(f"{p}ffn_down{suffix}.weight", more, n_embd, n_ff)
 
 
-def _add_metadata(w: gguf.GGUFWriter, shape: Shape, *, n_experts: int, n_used: int, n_vocab: int) -> None:
+def _add_metadata(w: gguf.GGUFWriter, shape: Shape, *, n_experts: int, n_used: int, n_vocab: int,
+                  n_nextn: int = 0) -> None:
     w.add_name(f"synthetic-moe-{shape.arch}")
-    w.add_block_count(shape.n_layers)
+    w.add_block_count(shape.n_layers + n_nextn)
     w.add_context_length(4096)
     w.add_embedding_length(shape.n_embd)
     w.add_feed_forward_length(shape.n_ff_dense if shape.n_dense_lead else shape.n_ff)
@@ -293,7 +294,7 @@ def _add_metadata(w: gguf.GGUFWriter, shape: Shape, *, n_experts: int, n_used: i
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         w.add_expert_weights_norm(True)  # GLM-4.5's norm_topk_prob
         w.add_expert_weights_scale(1.0)  # GLM-4.5-Air's routed_scaling_factor
-        w.add_nextn_predict_layers(0)
+        w.add_nextn_predict_layers(n_nextn)
     w.add_vocab_size(n_vocab)
     w.add_file_type(15 if shape.k_quants else 2)  # MOSTLY_Q4_K_M, MOSTLY_Q4_0
     _add_placeholder_vocab(w, n_vocab)
@@ -340,11 +341,15 @@ def write_synthetic_moe(
     path: str | Path, *, arch: str = "llama", n_layers: int = 24, n_experts: int = 64, n_used: int = 4,
     n_embd: int = 1024, n_ff: int = 1024, n_vocab: int = 4096, n_heads: int = 8, n_kv_heads: int = 4,
     head_dim: int | None = None, seed: int = 0, router_lean: float = ROUTER_LEAN,
-    common_share: float = COMMON_SHARE,
+    common_share: float = COMMON_SHARE, nextn: bool = False,
 ) -> Path:
+    """``nextn``: a glm4moe file with a NextN (MTP) layer after its layers, as GLM-4.5's have:
+    random like the rest, so its drafts are wrong (what MTP costs where it does not pay)."""
     path = Path(path)
     if arch not in ARCHES:
         raise ValueError(f"--arch must be one of {', '.join(ARCHES)}")
+    if nextn and arch != "glm4moe":
+        raise ValueError("--nextn: a NextN layer is glm4moe's")
     shape = Shape(arch, n_layers, n_embd, n_ff, n_heads, n_kv_heads, head_dim or n_embd // n_heads)
     block = QK_K if shape.k_quants else 32
     if arch == "glm4moe":
@@ -356,7 +361,7 @@ def write_synthetic_moe(
                          f"(whole {'K-quant super-' if shape.k_quants else 'Q4_0 '}blocks)")
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
-    _add_metadata(w, shape, n_experts=n_experts, n_used=n_used, n_vocab=n_vocab)
+    _add_metadata(w, shape, n_experts=n_experts, n_used=n_used, n_vocab=n_vocab, n_nextn=int(nextn))
     weights = _Weights(rng, n_vocab, n_embd, n_experts, router_lean, common_share)
     plan = _Plan(weights)
     embd_type, out_type = (Q4_K, Q6_K) if shape.k_quants else (Q4, Q4)
@@ -364,6 +369,12 @@ def write_synthetic_moe(
     plan.entries.append(("token_embd.weight", embd_shape, embd_type, weights.embedding(embd_type)))
     for i in range(n_layers):
         plan.layer(i, shape)
+    if nextn:
+        plan.layer(n_layers, shape)
+        p = f"blk.{n_layers}.nextn."
+        plan.matrix(p + "eh_proj.weight", shape.types(n_layers)[0], n_embd, 2 * n_embd)
+        for norm in ("enorm", "hnorm", "shared_head_norm"):
+            plan.f32_tensor(p + norm + ".weight", (n_embd,), weights.ones_ish)
     plan.f32_tensor("output_norm.weight", (n_embd,), weights.ones_ish)
     plan.matrix("output.weight", out_type, n_vocab, n_embd)
     _write_plan(w, plan)
@@ -389,12 +400,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head-dim", type=int, default=None, help="default: embd / heads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lean", type=float, default=ROUTER_LEAN, help="routing skew (0: uniform)")
+    p.add_argument("--nextn", action="store_true", help="glm4moe: a NextN (MTP) layer at the end")
     a = p.parse_args(argv)
     try:
         out = write_synthetic_moe(a.out, arch=a.arch, n_layers=a.layers, n_experts=a.experts,
                                   n_used=a.used, n_embd=a.embd, n_ff=a.ff, n_vocab=a.vocab,
                                   n_heads=a.heads, n_kv_heads=a.kv_heads, head_dim=a.head_dim,
-                                  seed=a.seed, router_lean=a.lean)
+                                  seed=a.seed, router_lean=a.lean, nextn=a.nextn)
     except ValueError as e:
         print(f"make_synthetic_moe: error: {e}", file=sys.stderr)
         return 1

@@ -46,4 +46,7 @@ def features(gguf: GGUFFile, hp: HParams, arch: type[Decoder]) -> list[str]:
         out.append(f"{hp.n_expert} experts, top {hp.n_expert_used}")
     if "output.weight" not in gguf.tensors:
         out.append("tied embeddings")
+    if hp.n_nextn:
+        used = "the first drafts tokens (--speculative mtp or auto)" if arch.NEXTN else "not run"
+        out.append(f"{hp.n_nextn} NextN (MTP) layer{'s' if hp.n_nextn > 1 else ''}: {used}")
     return out
