@@ -114,3 +114,12 @@ def test_drafts_stay_inside_the_slot_and_the_answers_length():
     # position 46 fed; the next step feeds 47 and may draft 48, 49: two tokens
     assert near_end.drafting.layer_draft == [9, 10]
     assert short.drafting.layer_draft == []  # 2 of 3 tokens emitted: the next step's token is the last
+
+
+def test_a_paused_stream_runs_no_layer():
+    paused = FakeRequest(FakeSlot(0, [1, 2, 3]), [4], emitted=10)
+    paused.drafting.nextn.pause(emitted=10)
+    plan = plan_step([paused], prefill_chunk=3)
+    model = RecordingModel(len(plan.tokens))
+    nextn_pass(model, FakeKV(), plan, [[(5, None)]], Speculation("mtp", 4), StepCost(), stop_ids={2})
+    assert model.calls == [] and paused.drafting.layer_draft == []

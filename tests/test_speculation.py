@@ -162,19 +162,41 @@ def test_mtp_is_refused_where_the_model_has_none_and_auto_takes_the_sources_it_h
 
 def test_the_layers_draft_is_taken_unless_lookup_finds_a_copy():
     """auto on a model with a NextN layer: the layer's draft, measured on its own acceptance;
-    a stream that lookup finds copying (5 tokens or more agree) takes lookup's longer draft."""
+    a stream that lookup finds copying (5 tokens or more agree) takes lookup's longer draft, and the
+    layer's tokens are scored against the step's all the same."""
     passage = list(range(100, 140))
     d = sp.Drafting(NgramDrafter([*passage, 7, *passage[:20]]), nextn=True)
-    d.layer_draft = [1, 2]
+    d.layer_draft, d.layer_offer = [1, 2], 2
     assert d.propose(emitted=0, streams=1, cost=(0.7, 0.3), limit=16)[0] == passage[20]
     assert d.layer_draft == []  # a layer's draft is for one step only
-    d.record(4, 4, emitted=5)
-    assert d.nextn.rate(5) == 0.5 and d.copying.rate(5) > sp.COPY_PRIOR
+    d.record(4, 4, emitted=5, tokens=passage[20:25])
+    assert d.copying.rate(5) > sp.COPY_PRIOR
+    assert d.nextn.rate(5) < 0.5  # the layer's draft, not fed, was scored: its first token was wrong
+    d.layer_draft, d.layer_offer = passage[25:27], 2
+    d.propose(emitted=5, streams=1, cost=(0.7, 0.3), limit=16)
+    d.record(4, 4, emitted=10, tokens=passage[25:30])
+    assert d.nextn.accepted > 1.5  # both right
     open_chat = sp.Drafting(NgramDrafter([1, 2, 3, 9, 1, 2]), nextn=True)
-    open_chat.layer_draft = [8]
-    assert open_chat.propose(emitted=0, streams=1, cost=(0.7, 0.3), limit=16) == [8]
-    open_chat.record(1, 0, emitted=1)
+    open_chat.layer_draft, open_chat.layer_offer = [8, 9], 1
+    assert open_chat.propose(emitted=0, streams=1, cost=(0.7, 0.3), limit=16) == [8]  # as offered
+    open_chat.record(1, 0, emitted=1, tokens=[5])
     assert open_chat.nextn.rate(1) < 0.5 and open_chat.matched.rate(1) == 0.5
+
+
+def test_the_layers_tokens_not_fed_are_scored_and_a_layer_that_fails_pauses():
+    d = sp.Drafting(NgramDrafter([1, 2, 3, 9, 1, 2]), nextn=True)
+    d.layer_draft, d.layer_offer = [8], 0  # too unlikely to feed: computed all the same
+    assert d.propose(emitted=0, streams=1, cost=(0.7, 0.3), limit=16) == []
+    d.record(0, 0, emitted=1, tokens=[8])
+    assert d.nextn.rate(1) > 0.5 and d.drafted == 0
+    end = 2 + 2 * sp.NEXTN_PAUSE_WINDOW
+    for emitted in range(2, end):  # none right: the layer pauses, lookup drafts alone
+        d.layer_draft, d.layer_offer = [8], 0
+        d.propose(emitted=emitted, streams=1, cost=(0.7, 0.3), limit=16)
+        d.record(0, 0, emitted=emitted, tokens=[5])
+    assert d.nextn.paused_until > end
+    d.layer_draft, d.layer_offer = [8], 1
+    assert d.propose(emitted=end, streams=1, cost=(0.7, 0.3), limit=16) == [3]
     alone = sp.Drafting(None, nextn=True)
     alone.extend([5, 6])  # nothing to index
     assert alone.layer_length(emitted=0, streams=1, cost=(0.7, 0.3), limit=16) >= 1

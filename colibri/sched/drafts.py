@@ -12,7 +12,9 @@ its last row, then feeds it back, one row a pass, for the draft's next tokens. T
 those later positions is written over by the next pass, as a rejected draft's K/V is in the main
 layers. A slot's first row after a reused prefix attends to the layer's K/V of that prefix as the
 earlier turn left it; the rows fed outside a request (the Channel's probes and soft inputs) do
-not run the layer: its K/V there is whatever it was. Drafts only: the tokens are verified.
+not run the layer, nor do a stream's rows while its layer's drafts are paused (under 10% accepted:
+the pass costs a layer of the model each step, ~1/L of it, which drafts that fail do not repay):
+its K/V there is whatever it was. Drafts only: the tokens are verified.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class _Stream:
     tokens: list[int]  # the token after each row's
     sampled: int  # tokens the step gave it (0 mid-prompt, or when the last ends its turn)
     length: int = 0  # draft tokens to make (0: only the layer's K/V)
+    offer: int = 0  # of those, how many it offers to feed (the others are scored, not fed)
     draft: list[int] = field(default_factory=list)
 
 
@@ -87,7 +90,8 @@ def nextn_pass(model: EngineModel, kv: KVCache, plan: StepPlan, drawn: Sequence[
             req, after = s.req, int(positions[s.rows[-1]]) + 1
             room = min(speculation.draft_max, req.submit.max_tokens - req.emitted - s.sampled - 1,
                        kv.n_ctx - after - 1)
-            s.length = req.drafting.layer_length(req.emitted + s.sampled, n_decoding, cost, room)
+            s.offer = req.drafting.layer_length(req.emitted + s.sampled, n_decoding, cost, room)
+            s.length = max(s.offer, 1) if room > 0 else 0  # a first token to score, fed or not
     rows = [r for s in streams for r in s.rows]
     slots, at = np.asarray(plan.slots, np.int64)[rows], positions[rows]
     kv.check_rows(slots, at)
@@ -110,7 +114,7 @@ def nextn_pass(model: EngineModel, kv: KVCache, plan: StepPlan, drawn: Sequence[
         logits, hidden = model.draft(picks.astype(np.int64), hidden, slots, at, kv,
                                      np.arange(len(chain), dtype=np.int64), len(chain))
     for s in streams:
-        s.req.drafting.layer_draft = s.draft
+        s.req.drafting.layer_draft, s.req.drafting.layer_offer = s.draft, s.offer
 
 
 def _streams(plan: StepPlan, drawn: Sequence[object], stop_ids: Container[int]) -> list[_Stream]:
@@ -120,6 +124,8 @@ def _streams(plan: StepPlan, drawn: Sequence[object], stop_ids: Container[int]) 
         start, first = first, first + n
         drafting = req.drafting
         if drafting is None or drafting.nextn is None or isinstance(choice, str):
+            continue
+        if req.emitted < drafting.nextn.paused_until:  # its drafts do not pay: nor does the layer
             continue
         fed = plan.tokens[start : start + n]
         if choice is None:  # mid-prompt: the next token is the prompt's

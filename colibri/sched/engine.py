@@ -423,9 +423,9 @@ class Engine:
                 req.slot.history.append(draft[j - 1])
                 req.todo = []
             await self._accept(req, token, topk)
-        if req.drafting is not None and draft:
+        if req.drafting is not None:  # (a step without a draft: the NextN layer's tokens are scored)
             accepted = sum(1 for (t, _), d in zip(picked, draft, strict=False) if t == d)
-            req.drafting.record(len(draft), accepted, req.emitted)
+            req.drafting.record(len(draft), accepted, req.emitted, [t for t, _ in picked])
 
     async def _accept(self, req: Request, token: int, topk: tuple | None) -> None:
         """A sampled token: stream it, or end the turn."""

@@ -52,6 +52,12 @@ COPY_PRIOR = 0.8
 # Drafting pauses when fewer than PAUSE_BELOW of the last PAUSE_WINDOW proposed tokens were
 # accepted, for PAUSE_TOKENS emitted tokens (colibri's C engine's rule).
 PAUSE_WINDOW = 24
+# The NextN layer's drafts are judged sooner: the layer runs every step its drafts are not paused
+# (a layer of the model's, ~1/L of a step: 11% of one on a 16-layer synthetic GLM file whose
+# random layer never predicted right, bench/bench_mtp.py), whether it drafts or not, and a stream
+# whose drafts fail proposes one token only now and then (22 in 400 tokens there): 24 proposals
+# would take ~400 tokens. None of 8 accepted from a layer that accepts 60% has odds of 1 in 1,500.
+NEXTN_PAUSE_WINDOW = 8
 PAUSE_BELOW = 0.10
 PAUSE_TOKENS = 256
 # The acceptance estimate: decayed counts of accepted and rejected draft tokens over a prior of one
@@ -137,8 +143,9 @@ class NgramDrafter:
 class Acceptance:
     """One stream's measured acceptance and its pause."""
 
-    def __init__(self, prior: float = 0.5) -> None:
+    def __init__(self, prior: float = 0.5, window: int = PAUSE_WINDOW) -> None:
         self.prior = prior  # the rate before any proposal: two pseudo-proposals' worth
+        self.pause_window = window  # proposed tokens the pause rule judges at a time
         self.accepted = self.rejected = 0.0  # decayed counts, the prior's excluded
         self.at = 0  # the emitted count the counts are decayed to
         self.window = self.window_accepted = 0  # proposed and accepted since the last check
@@ -162,7 +169,7 @@ class Acceptance:
         self.rejected += 1 if accepted < proposed else 0
         self.window += proposed
         self.window_accepted += accepted
-        if self.window >= PAUSE_WINDOW:
+        if self.window >= self.pause_window:
             if self.window_accepted < PAUSE_BELOW * self.window:
                 self.pause(emitted)
             self.window = self.window_accepted = 0
@@ -283,14 +290,22 @@ def resolve(mode: str, draft_max: int, arch: str, has_nextn: bool) -> Speculatio
 
 
 class Drafting:
-    """One request's drafting: its sources, their acceptance, its counts (PERF reports them)."""
+    """One request's drafting: its sources, their acceptance, its counts (PERF reports them).
+
+    The NextN layer's acceptance is measured at every step it runs, not only where its draft is
+    fed: its first token costs only the head's row once the layer has run for its K/V, so where
+    its draft is not fed (too unlikely to pay, or lookup's taken instead) it is scored against the
+    token the step drew (the same event as its acceptance: the drawn token equals it); a layer
+    whose drafts fail is so paused within NEXTN_PAUSE_WINDOW steps, and stops costing its pass."""
 
     def __init__(self, lookup: NgramDrafter | None, nextn: bool = False) -> None:
         self.lookup = lookup  # the slot's prompt-lookup index, holding the request's prompt
         # by the source's agreement; a copy's drafts are taken for likely before any is measured
         self.matched, self.copying = Acceptance(), Acceptance(COPY_PRIOR)
-        self.nextn = Acceptance() if nextn else None  # the NextN layer's drafts
-        self.layer_draft: list[int] = []  # the NextN layer's draft for the next step (``drafts.py``)
+        self.nextn = Acceptance(window=NEXTN_PAUSE_WINDOW) if nextn else None  # the NextN layer's drafts
+        self.layer_draft: list[int] = []  # the NextN layer's tokens for the next step (``drafts.py``)
+        self.layer_offer = 0  # how many of them it offers to feed (the rest are only scored)
+        self._shadow: list[int] = []  # the layer's tokens not fed: scored against the step's
         self._last = self.matched  # the acceptance the step's draft is measured for
         self.drafted = self.accepted = 0
 
@@ -299,8 +314,8 @@ class Drafting:
             self.lookup.extend(tokens)
 
     def layer_length(self, emitted: int, streams: int, cost: tuple[float, float], limit: int) -> int:
-        """How many tokens the NextN layer drafts for the step to come (each is one more pass of
-        the layer): none while paused."""
+        """How many tokens the NextN layer offers to feed in the step to come (each one more pass
+        of the layer): none while paused."""
         a = self.nextn
         if a is None or limit <= 0 or emitted < a.paused_until:
             return 0
@@ -308,20 +323,32 @@ class Drafting:
 
     def propose(self, emitted: int, streams: int, cost: tuple[float, float], limit: int) -> list[int]:
         """The draft for the step to come (empty: none this step)."""
-        layer_draft, self.layer_draft = self.layer_draft, []
+        layer_draft, offer = self.layer_draft, self.layer_offer
+        self.layer_draft, self.layer_offer, self._shadow = [], 0, []
         if limit <= 0:
             return []
         draft, agreed = self.lookup.propose(limit) if self.lookup is not None else ([], 0)
-        if self.nextn is not None and agreed < COPYING:  # the layer's, unless lookup finds a copy
-            draft, a = layer_draft, self.nextn
-        else:
-            a = self.copying if agreed >= COPYING else self.matched
-        self._last = a
+        layer = self.nextn
+        if layer is not None and agreed < COPYING and emitted >= layer.paused_until:
+            self._last = layer  # the layer's, unless lookup finds a copy or the layer is paused
+            fed = layer_draft[: draft_length(layer.rate(emitted), streams, cost, min(offer, limit))]
+            self._shadow = [] if fed else layer_draft
+            return fed
+        self._shadow = layer_draft
+        a = self._last = self.copying if agreed >= COPYING else self.matched
         if not draft or emitted < a.paused_until:
             return []
-        return draft[: draft_length(a.rate(emitted), streams, cost, min(len(draft), limit))]
+        return draft[: draft_length(a.rate(emitted), streams, cost, len(draft))]
 
-    def record(self, proposed: int, accepted: int, emitted: int) -> None:
+    def record(self, proposed: int, accepted: int, emitted: int, tokens: Sequence[int] = ()) -> None:
+        """A step's outcome: its draft (``proposed`` tokens, ``accepted`` of them; none: 0, 0),
+        ``tokens`` the tokens it gave, against which the layer's tokens not fed are scored."""
         self.drafted += proposed
         self.accepted += accepted
-        self._last.record(proposed, accepted, emitted)
+        if proposed:
+            self._last.record(proposed, accepted, emitted)
+        shadow, self._shadow = self._shadow, []
+        if shadow and tokens and self.nextn is not None:  # judged as far as the step's tokens go
+            seen = min(len(shadow), len(tokens))
+            agreed = next((i for i in range(seen) if shadow[i] != tokens[i]), seen)
+            self.nextn.record(min(agreed + 1, seen), agreed, emitted)
