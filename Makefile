@@ -168,11 +168,13 @@ $(AGENTS_STAMP): $(NODE_STAMP)
 # The `make bench` table, colibri against llama.cpp on the same file, 2 threads each: the default model,
 # its Q4_K_M requantization (made once by llama.cpp's quantizer, cached in .bench-cache/ with
 # the JSON of the last table) and the real Gemma 3 270M file. RUNS runs per figure, the median shown.
-# Then speculative decoding's table: prompt lookup against speculation off and llama.cpp's own.
+# Then speculative decoding's tables: prompt lookup against speculation off and llama.cpp's own, and
+# what MTP drafting costs where its drafts are wrong.
 RUNS ?= 3
 bench: install $(PEER_STAMP) $(GEMMA_STAMP)
 	$(BIN)/python bench/bench_table.py --q4km --gemma3 --runs $(RUNS) --json .bench-cache/table.json
 	$(BIN)/python bench/bench_speculative.py --runs $(RUNS) --json .bench-cache/speculative.json
+	$(BIN)/python bench/bench_mtp.py --runs $(RUNS) --json .bench-cache/mtp.json
 
 # The protocol codecs and the HTTP body validator under libFuzzer, FUZZ_SECONDS each; new inputs go
 # to fuzz/out/ (ignored), the seed corpora in fuzz/corpus/ are only read. A crash leaves its input in fuzz/out/ (fuzz/README.md).

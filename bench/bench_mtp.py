@@ -4,7 +4,7 @@ with a NextN layer, random like the rest of it.
     python bench/bench_mtp.py [--runs 3] [--tokens 96] [--json PATH]
 
 The file: ``tools/make_synthetic_moe.py --arch glm4moe --nextn`` (Q4_K_M mix, 16 layers, 32
-experts of 512 rows, top 4, written once under ~/.cache/colibri-bench). Its NextN layer is
+experts of 512 rows, top 4, written once into .bench-cache/). Its NextN layer is
 random, so its drafts are rejected: what is measured is what running the layer costs (one more
 MoE layer over the verified rows each step, and its head for a draft), and that the pause stops
 the drafts (10% over 24 proposed: 256 tokens without). The acceptance a trained layer has (GLM-4.5's)
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 from bench_speculative import Engine  # noqa: E402
 from make_synthetic_moe import write_synthetic_moe  # noqa: E402
 
-CACHE = Path.home() / ".cache" / "colibri-bench"
+CACHE = Path(__file__).resolve().parent.parent / ".bench-cache"
 SHAPE = dict(arch="glm4moe", n_layers=16, n_experts=32, n_used=4, n_embd=1024, n_ff=512, n_vocab=4096,
              nextn=True)
 MODES = ("off", "ngram", "mtp", "auto")
