@@ -165,7 +165,8 @@ class Decoder:
         self.attention_then_norm = Entry(attention_then_norm) if alike else attention_then_norm
         self.step_times = StepTimes()
         self.hidden = np.zeros((0, hp.n_embd), np.float32)  # the last step's last-layer rows, pre-norm
-        self.nextn = NextN(gguf, hp, self, hp.n_layers) if n_run > hp.n_layers else None
+        self.nextn = (NextN(gguf, hp, hp.n_layers, self.layer, self.embedding, self.head.output)
+                      if n_run > hp.n_layers else None)
 
     def rope_variant(self, n_ctx: int) -> str:
         """"": the same RoPE at any context; else "short" or "long": Phi's factors, the long ones for a

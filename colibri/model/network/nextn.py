@@ -17,7 +17,7 @@ float64 over a whole sequence.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,25 +28,28 @@ from colibri.model.kv_cache import KVCache
 from colibri.model.network.embedding import Embedding, OutputHead
 from colibri.model.network.weights import load_vector, load_weight
 from colibri.store.gguf import GGUFFile
+from colibri.store.packed import Weight
 
-if TYPE_CHECKING:
-    from colibri.model.network.decoder import Decoder
+# The decoder's ``layer(i, x, kv, slots, positions, n_direct)``: layer i on the rows x, in place.
+Layer = Callable[[int, np.ndarray, KVCache, np.ndarray, np.ndarray, int], float]
 
 
 class NextN:
     """The NextN layer's own parts: the embedding (the model's unless the file has the layer's
-    own), its two input norms and projection, its head. The layer between them is the decoder's
-    layer ``index`` (``Decoder.layer``), loaded with the others."""
+    own), its two input norms and projection, its head (the model's output matrix unless it has
+    its own). The layer between them is the decoder's layer ``index`` (``Decoder.layer``, given as
+    ``layer``), loaded with the others."""
 
-    def __init__(self, gguf: GGUFFile, hp: HParams, decoder: Decoder, index: int) -> None:
+    def __init__(self, gguf: GGUFFile, hp: HParams, index: int, layer: Layer, embedding: Embedding,
+                 output: Weight) -> None:
         p = f"blk.{index}.nextn."
-        self.index, self.n_embd, self.eps, self.decoder = index, hp.n_embd, hp.norm_eps, decoder
+        self.index, self.n_embd, self.eps, self.layer = index, hp.n_embd, hp.norm_eps, layer
         own = p + "embed_tokens.weight"
-        self.embedding = Embedding(gguf, hp.n_embd, own) if own in gguf.tensors else decoder.embedding
+        self.embedding = Embedding(gguf, hp.n_embd, own) if own in gguf.tensors else embedding
         self.enorm, self.hnorm = load_vector(gguf, p + "enorm.weight"), load_vector(gguf, p + "hnorm.weight")
         self.eh_proj = load_weight(gguf, p + "eh_proj.weight")
         norm, head = p + "shared_head_norm.weight", p + "shared_head_head.weight"
-        output = load_weight(gguf, head) if head in gguf.tensors else decoder.head.output
+        output = load_weight(gguf, head) if head in gguf.tensors else output
         self.head = OutputHead(gguf, hp.n_embd, hp.norm_eps,
                                norm if norm in gguf.tensors else "output_norm.weight", output)
 
@@ -64,5 +67,5 @@ class NextN:
         both[:, self.n_embd :] = normed
         x = np.empty((rows, self.n_embd), np.float32)
         qmatmul(both, self.eh_proj, x, n_direct)
-        self.decoder.layer(self.index, x, kv, slots, positions, n_direct)
+        self.layer(self.index, x, kv, slots, positions, n_direct)
         return self.head(x, logit_rows), x
