@@ -6,10 +6,10 @@ that ``coli engine`` can serve it (same vocabulary size, 256).
 
 ``kind``: "random", the block's tensors a shuffle of layer 2's values (another layer, on the same
 scales) and new random eh_proj and norms; "echo", a layer that predicts the token the main model
-predicts at the same position (eh_proj passes the hidden state through, the block adds nothing,
-the head's norm is the model's): its draft for the token after next is the next token again,
-which a stream repeating a token accepts.
-"""
+predicts at the same position (eh_proj passes the hidden state, normed by the model's final norm,
+through; the block adds nothing; its norms are ones, so its head's input is that state rescaled):
+its draft for the token after next is the next token again, which a stream repeating a token
+accepts. """
 
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ def nextn_checkpoint(out: Path, kind: str = "random") -> Path:
             if k.endswith(("o_proj.weight", "down_proj.weight")):
                 block[k] = np.zeros_like(block[k])
         eh_proj = np.concatenate([np.zeros((N_EMBD, N_EMBD)), np.eye(N_EMBD)], axis=1).astype(np.float32)
-        norms = {"enorm": np.ones(N_EMBD, np.float32), "hnorm": np.ones(N_EMBD, np.float32),
-                 "shared_head.norm": hf["model.norm.weight"]}
+        norms = {n: np.ones(N_EMBD, np.float32) for n in ("enorm", "hnorm", "shared_head.norm")}
     else:
         raise ValueError(kind)
     hf |= block | {NEXTN + "eh_proj.weight": eh_proj} | {f"{NEXTN}{n}.weight": v for n, v in norms.items()}

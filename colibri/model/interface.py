@@ -65,8 +65,7 @@ class EngineModel(Protocol):
     step_times: StepTimes  # the last forward step's parts (PERF and PROF add them up per request)
     has_draft_layer: bool  # a NextN (MTP) layer is loaded: ``draft`` runs it
 
-    @property
-    def hidden(self) -> np.ndarray: ...  # the last forward step's rows after the last layer, pre-norm
+    def hidden(self, rows: np.ndarray) -> np.ndarray: ...  # the last step's rows after the final norm
 
     def new_kv_cache(self, n_slots: int, n_ctx: int) -> KVCache: ...
 

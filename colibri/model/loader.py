@@ -74,16 +74,16 @@ class Model:
             raise ValueError(f"a {kv.dtype} KV cache for a model of {self.kv_type} caches")
         return self.decoder.forward(tokens, slots, positions, kv, logit_rows, n_direct, embeds)
 
-    @property
-    def hidden(self) -> np.ndarray:
-        """The last forward step's rows as the last layer left them (before the final norm)."""
-        return self.decoder.hidden
+    def hidden(self, rows: np.ndarray) -> np.ndarray:
+        """The last forward step's ``rows`` after the last layer and the final norm."""
+        return self.decoder.hidden(rows)
 
     def draft(self, tokens: np.ndarray, hidden: np.ndarray, slots: np.ndarray, positions: np.ndarray,
               kv: KVCache, logit_rows: np.ndarray, n_direct: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """The NextN layer's step (``network/nextn.py``): row t takes ``tokens[t]``, the token after
-        the one whose last hidden state is ``hidden[t]``; the logits of ``logit_rows`` (each
-        predicting the token after ``tokens[t]``) and every row's output. ValueError without one."""
+        the one whose last hidden state is ``hidden[t]`` (``hidden(rows)``); the logits of
+        ``logit_rows`` (each predicting the token after ``tokens[t]``) and every row's output as the
+        hidden state of the token after it (a longer draft's next row). ValueError without one."""
         if kv.dtype != self._kv_dtype:
             raise ValueError(f"a {kv.dtype} KV cache for a model of {self.kv_type} caches")
         return self.decoder.draft(tokens, hidden, slots, positions, kv, logit_rows, n_direct)

@@ -405,15 +405,15 @@ def glm4moe_layer(w: Weights, i: int, x: np.ndarray) -> np.ndarray:
 
 def glm4moe_nextn(w: Weights, ids: Sequence[int]) -> np.ndarray:
     """The first next-token-prediction (MTP) layer's logits, [len(ids) - 1, n_vocab]: row p takes
-    the last hidden state at p and the embedding of ``ids[p + 1]`` (zeros at position 0, as vLLM's
-    GLM-4.5 MTP has it), and predicts ``ids[p + 2]``. ``x = eh_proj · [enorm(e) ; hnorm(h)]``, a
-    whole glm4moe layer (attention over the MTP rows, its own experts), ``shared_head_norm``, then
-    the output matrix (the layer's own ``shared_head_head`` where the file has one)."""
+    the last hidden state at p after the final norm and the embedding of ``ids[p + 1]`` (zeros at
+    position 0, as vLLM's GLM-4.5 MTP has it), and predicts ``ids[p + 2]``. ``x = eh_proj ·
+    [enorm(e) ; hnorm(h)]``, a whole glm4moe layer (attention over the MTP rows, its own experts),
+    ``shared_head_norm``, the output matrix (the layer's own ``shared_head_head`` if it has one)."""
     c, ids, p = w.config, np.asarray(ids, np.int64), f"blk.{w.config.n_layers}.nextn."
     e = w.rows(p + "embed_tokens.weight" if p + "embed_tokens.weight" in w else "token_embd.weight", ids[1:])
-    e[0] = 0.0
-    e = rms_norm(e, w[p + "enorm.weight"], c.eps)
-    h = rms_norm(glm4moe_hidden(w, ids)[:-1], w[p + "hnorm.weight"], c.eps)
+    e = rms_norm(e * (np.arange(len(e)) > 0)[:, None], w[p + "enorm.weight"], c.eps)  # zeros at 0
+    h = rms_norm(glm4moe_hidden(w, ids)[:-1], w["output_norm.weight"], c.eps)
+    h = rms_norm(h, w[p + "hnorm.weight"], c.eps)
     x = glm4moe_layer(w, c.n_layers, np.concatenate([e, h], 1) @ w[p + "eh_proj.weight"].T)
     x = rms_norm(x, w[p + "shared_head_norm.weight"], c.eps)
     head = next(n for n in (p + "shared_head_head.weight", "output.weight", "token_embd.weight") if n in w)

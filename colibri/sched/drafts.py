@@ -98,8 +98,9 @@ def nextn_pass(model: EngineModel, kv: KVCache, plan: StepPlan, drawn: Sequence[
     ends = np.cumsum([len(s.rows) for s in streams]) - 1
     chain = [s for s in streams if s.length]
     last = ends[[i for i, s in enumerate(streams) if s.length]]
-    logits, x = model.draft(np.asarray([t for s in streams for t in s.tokens], np.int64), model.hidden[rows],
-                            slots, at, kv, last, sum(1 for r in rows if r < plan.n_direct))
+    tokens = np.asarray([t for s in streams for t in s.tokens], np.int64)
+    logits, x = model.draft(tokens, model.hidden(np.asarray(rows)), slots, at, kv, last,
+                            sum(1 for r in rows if r < plan.n_direct))
     hidden, at = x[last], at[last]
     while chain:  # each pass: one more token of each draft not yet long enough
         picks = logits.argmax(axis=1)

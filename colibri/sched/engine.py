@@ -368,7 +368,10 @@ class Engine:
             i += len(share.logit_rows)
             out.append(self._walk(share, rows) if len(rows) else None)
         if self.speculation.nextn:  # the model's draft layer, over the rows this step verified
-            nextn_pass(self.model, self.kv, plan, out, self.speculation, self.step_cost, self.stop_ids)
+            try:
+                nextn_pass(self.model, self.kv, plan, out, self.speculation, self.step_cost, self.stop_ids)
+            except Exception as e:  # noqa: BLE001 (drafts are optional: the step's tokens stand)
+                warn(f"NextN drafts skipped this step: {type(e).__name__}: {e}")
         return out
 
     def _walk(self, share: Share, rows: np.ndarray) -> Choice:

@@ -329,8 +329,10 @@ class Drafting:
             return []
         draft, agreed = self.lookup.propose(limit) if self.lookup is not None else ([], 0)
         layer = self.nextn
-        if layer is not None and agreed < COPYING and emitted >= layer.paused_until:
-            self._last = layer  # the layer's, unless lookup finds a copy or the layer is paused
+        if layer is None or emitted < layer.paused_until:
+            layer_draft = []  # (none computed while paused: nothing to feed or score)
+        if layer_draft and agreed < COPYING:
+            self._last = layer  # the layer's where it ran, unless lookup finds a copy
             fed = layer_draft[: draft_length(layer.rate(emitted), streams, cost, min(offer, limit))]
             self._shadow = [] if fed else layer_draft
             return fed

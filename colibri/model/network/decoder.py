@@ -22,7 +22,7 @@ from numba.core.dispatcher import Dispatcher
 
 from colibri.model.hparams import HParams
 from colibri.model.interface import StepTimes
-from colibri.model.kernels.ops import add_into, rope_frequencies
+from colibri.model.kernels.ops import add_into, rmsnorm, rope_frequencies
 from colibri.model.kv_cache import KVCache
 from colibri.model.network.embedding import Embedding, OutputHead
 from colibri.model.network.layers import (
@@ -158,13 +158,18 @@ class Decoder:
             self.inv_freq_long.append(self.layer_frequencies(hp, i, long.astype(np.float64)))
         if long.shape[0] == 0:
             self.inv_freq_long = self.inv_freq
-        alike = all(same_types(dense_layer, values) for values in (
-            self.attn, self.ffn_norm, [f for f in self.ffn if f is not None], self.shapes,
-            self.inv_freq + self.inv_freq_long))
-        self.dense_layer = Entry(dense_layer) if alike else dense_layer
-        self.attention_then_norm = Entry(attention_then_norm) if alike else attention_then_norm
+        def alike(n: int) -> bool:  # the first n layers' arguments type alike
+            return all(same_types(dense_layer, values[:n]) for values in (
+                self.attn, self.ffn_norm, [f for f in self.ffn[:n] if f is not None], self.shapes,
+                self.inv_freq[:n] + self.inv_freq_long[:n]))
+
+        main = alike(hp.n_layers)
+        self.dense_layer = Entry(dense_layer) if main else dense_layer
+        self.attention_then_norm = Entry(attention_then_norm) if main else attention_then_norm
+        # the NextN layer through the entry points only where its weights type as the others'
+        self._nextn_entries = main and alike(n_run)
         self.step_times = StepTimes()
-        self.hidden = np.zeros((0, hp.n_embd), np.float32)  # the last step's last-layer rows, pre-norm
+        self._hidden = np.zeros((0, hp.n_embd), np.float32)  # the last step's last-layer rows, pre-norm
         self.nextn = (NextN(gguf, hp, hp.n_layers, self.layer, self.embedding, self.head.output)
                       if n_run > hp.n_layers else None)
 
@@ -199,7 +204,7 @@ class Decoder:
             if x.ndim != 2 or x.shape[1] != self.hp.n_embd:
                 raise ValueError(f"soft input rows must be [rows, {self.hp.n_embd}], got {list(x.shape)}")
             t_attn = sum(self.layer(i, x, kv, slots, positions, n_direct) for i in range(self.hp.n_layers))
-            self.hidden = x
+            self._hidden = x
             t0 = time.perf_counter()
             logits = self.head(x, logit_rows)
             self.step_times = StepTimes(t_attn, time.perf_counter() - t0)
@@ -214,23 +219,43 @@ class Decoder:
         call (a MoE layer's), else 0."""
         inv_freq = self.inv_freq_long if self.rope_variant(kv.n_ctx) == "long" else self.inv_freq
         args = (self.shapes[i], kv.k, kv.v, i, slots, positions, inv_freq[i], n_direct)
+        entries = i < self.hp.n_layers or self._nextn_entries
         if self.moe[i] is None:
-            self.dense_layer(x, self.attn[i], self.ffn_norm[i], self.ffn[i], *args)
+            dense = self.dense_layer if entries else dense_layer
+            dense(x, self.attn[i], self.ffn_norm[i], self.ffn[i], *args)
             return 0.0
         h = np.empty_like(x)
         t0 = time.perf_counter()
-        self.attention_then_norm(x, self.attn[i], self.ffn_norm[i], *args, h)
+        attend = self.attention_then_norm if entries else attention_then_norm
+        attend(x, self.attn[i], self.ffn_norm[i], *args, h)
         t_attn = time.perf_counter() - t0
         add_into(x, self.moe[i](h, n_direct))
         return t_attn
 
+    def hidden(self, rows: np.ndarray) -> np.ndarray:
+        """The last step's ``rows`` as the output head sees them: the last layer's output, after
+        the final norm (the NextN layer's input, as vLLM and SGLang give it)."""
+        x = np.ascontiguousarray(self._hidden[rows])
+        out = np.empty_like(x)
+        rmsnorm(x, self.head.norm, self.hp.norm_eps, out)
+        return out
+
     def draft(self, tokens: np.ndarray, hidden: np.ndarray, slots: np.ndarray, positions: np.ndarray,
               kv: KVCache, logit_rows: np.ndarray, n_direct: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """The NextN layer's step (``nextn.py``): its logits of ``logit_rows`` and its output rows."""
+        """The NextN layer's step (``nextn.py``): its logits of ``logit_rows`` and its rows as its
+        head sees them (the next draft row's hidden state)."""
         if self.nextn is None:
             raise ValueError(f"{self.hp.arch}: no NextN layer loaded")
+        # (the layer's entry points read whatever they are given as the types they were compiled for)
+        tokens, slots, positions, logit_rows = (np.ascontiguousarray(a, np.int64).reshape(-1)
+                                                for a in (tokens, slots, positions, logit_rows))
+        hidden = np.ascontiguousarray(hidden, np.float32)
+        n = tokens.shape[0]
+        if hidden.shape != (n, self.hp.n_embd) or slots.shape[0] != n or positions.shape[0] != n:
+            raise ValueError(f"NextN rows: {tokens.shape[0]} tokens, hidden {list(hidden.shape)}, "
+                             f"{slots.shape[0]} slots, {positions.shape[0]} positions")
         start = time.perf_counter()
         try:
-            return self.nextn(tokens, hidden, slots, positions, kv, logit_rows, n_direct)
+            return self.nextn(tokens, hidden, slots, positions, kv, logit_rows, int(n_direct))
         finally:  # its expert uses are not the next step's
             self.experts.step_done(time.perf_counter() - start, decode=False)

@@ -1,19 +1,19 @@
 """A next-token-prediction layer (MTP, "NextN"): the draft head GLM-4.5 (and DeepSeek-V3) was
 trained with, stored at the end of the file (``blk.{n_layers}.*``, ``nextn_predict_layers``).
 
-Row p, at position p, takes two things the main step has: the last layer's output at p (before
-the final norm) and the embedding of the token at p + 1 (zeros at position 0, as vLLM's GLM-4.5
-MTP has it); it predicts the token at p + 2. A row:
+Row p, at position p, takes two things the main step has: the last hidden state at p as the
+output head sees it (after the final norm: what vLLM and SGLang, whose GLM-4.5 MTP Zhipu
+contributed, give the layer; llama.cpp's forks take it before the norm) and the embedding of the
+token at p + 1 (zeros at position 0, as vLLM has it); it predicts the token at p + 2. A row:
 
     x = eh_proj · [enorm(embedding(token_{p+1})) ; hnorm(hidden_p)]
     x = layer(x)            # a whole layer of the architecture: attention over the NextN layer's
                             # own K/V (the cache's last layer), its own experts in the store
     logits = head(x)        # shared_head_norm, then the layer's own output matrix or the model's
 
-A draft of several tokens feeds the layer its own output: row p + 1 takes the drafted token and
-``x`` of row p as its hidden state. ``colibri.model.reference.glm4moe_nextn`` is the same math in
-float64 over a whole sequence.
-"""
+A draft of several tokens feeds the layer its own output: row p + 1 takes the drafted token and row
+p's ``x`` as its head sees it (after ``shared_head_norm``) as its hidden state.
+``colibri.model.reference.glm4moe_nextn`` is the same math in float64 over a whole sequence. """
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ class NextN:
 
     def __call__(self, tokens: np.ndarray, hidden: np.ndarray, slots: np.ndarray, positions: np.ndarray,
                  kv: KVCache, logit_rows: np.ndarray, n_direct: int) -> tuple[np.ndarray, np.ndarray]:
-        """The logits of ``logit_rows`` and every row's output (the next draft row's hidden state)."""
+        """The logits of ``logit_rows`` and every row's output after the head's norm (the next draft
+        row's hidden state). ``hidden``: the model's last hidden states after its final norm."""
         rows = tokens.shape[0]
         e = self.embedding(np.ascontiguousarray(tokens, np.int64))
         e[positions == 0] = 0.0
@@ -68,4 +69,6 @@ class NextN:
         x = np.empty((rows, self.n_embd), np.float32)
         qmatmul(both, self.eh_proj, x, n_direct)
         self.layer(self.index, x, kv, slots, positions, n_direct)
-        return self.head(x, logit_rows), x
+        normed = np.empty_like(x)
+        rmsnorm(x, self.head.norm, self.eps, normed)
+        return self.head(x, logit_rows), normed
