@@ -84,9 +84,10 @@ FAST_COUNTS := COLI_CRASH_ROUNDS=20 COLI_LEAK_SAMPLES=96 COLI_SOAK_S=20 COLI_SCR
 # Two pytest-xdist workers, each taking whole files (--dist loadfile: a module's fixtures and its
 # order stay in one process): much of the suite waits on servers, engines and clients, so two files
 # at once use both cores (a 2-core run: 26 min -> 14 min, loaded by other work). `WORKERS=0`: one
-# process, as plain pytest (a single file, `-s` debugging).
+# process, as plain pytest (a single file, `-s` debugging). The 30 slowest tests are listed at the
+# end: what to look at when the run nears its 20 minutes.
 WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --durations=30
 test: install $(PEER_STAMP) $(GEMMA_STAMP) $(BROWSER_STAMP) $(NGINX_STAMP) $(AGENTS_STAMP)
 	$(BIN)/ruff check colibri tests bench tools fuzz
 	$(BIN)/lint-imports
