@@ -167,9 +167,9 @@ def cmd_engine(args: argparse.Namespace) -> int:
         raise ConfigError("give the cap (experts per MoE layer) or --ram-budget (GB), not both")
     # The C engine's positional cap: experts per MoE layer resident; 0 is its "auto": our budget.
     budget = ExpertsPerLayer(args.cap) if args.cap else settings.ram_budget(args)
-    mode, draft_max = settings.speculation(args)
+    mode, draft_max, draft_min = settings.speculation(args)
     cfg = EngineConfig(
-        speculative=mode, draft_max=draft_max,
+        speculative=mode, draft_max=draft_max, draft_min=draft_min,
         model_path=settings.model_path(args, host=True), n_slots=n_slots, n_ctx=ctx,
         state_dir=None if args.no_persist else settings.state_dir(args), prefill_chunk=chunk,
         protocol=settings.protocol(args), topk=settings.flag_env("SERVE_TOPK"),
@@ -355,7 +355,8 @@ def _add_engine_commands(sub: argparse._SubParsersAction) -> None:
                              "(--ram-budget, or its default); on a dense model, accepted and ignored")
     settings.add(engine, settings.MODEL, settings.CTX, settings.MAX_TOKENS, host=True)
     settings.add(engine, settings.KV_SLOTS, settings.STATE_DIR, settings.PREFILL_CHUNK,
-                 settings.RAM_BUDGET, settings.KV_TYPE, settings.SPECULATIVE, settings.DRAFT_MAX)
+                 settings.RAM_BUDGET, settings.KV_TYPE, settings.SPECULATIVE, settings.DRAFT_MAX,
+                 settings.DRAFT_MIN)
     engine.add_argument("--protocol", choices=("mux", "legacy", "channel"),
                         help="default: mux (SERVE_BATCH=1); legacy with SERVE=1 alone; channel: the "
                              "binary frames of docs/channel_protocol.md. A SUBMIT's text, legacy "
@@ -388,7 +389,8 @@ def _add_server_commands(sub: argparse._SubParsersAction) -> None:
                      settings.SERVE_SLOTS, settings.MAX_QUEUE, settings.QUEUE_TIMEOUT, settings.CTX,
                      settings.STATE_DIR, settings.WEB_DIST, settings.RAM_BUDGET, *settings.HTTP_LIMITS,
                      settings.PREFIX_SHARE, settings.REPLICA_ID, settings.KV_TYPE,
-                     *settings.SAMPLING_DEFAULTS, settings.SPECULATIVE, settings.DRAFT_MAX)
+                     *settings.SAMPLING_DEFAULTS, settings.SPECULATIVE, settings.DRAFT_MAX,
+                     settings.DRAFT_MIN)
         cors = settings.CORS_ORIGINS
         srv.add_argument(cors.flag, dest=cors.name, action="append", metavar="ORIGIN",
                          help=f"{cors.help} [{cors.env}]")

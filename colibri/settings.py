@@ -79,6 +79,13 @@ SPECULATIVE = Setting("speculative", "--speculative", "COLI_SPECULATIVE", "auto"
 DRAFT_MAX = Setting("draft_max", "--draft-max", "COLI_DRAFT_MAX", 16, int,
                     "most draft tokens a stream has verified in one step (1-64)")
 MAX_DRAFT = 64  # a step's rows past a few dozen cost more than any draft's expected gain
+# 0 by default: the draft length is what the measured acceptance and step cost make worth it (0
+# where drafts do not pay). A floor is for a host that knows its drafts pay where the measured
+# step times cannot tell (a shared, noisy machine; a tiny model whose rows are nearly free), and
+# makes a test's drafting independent of the host's timing. Pausing on a low acceptance stands.
+DRAFT_MIN = Setting("draft_min", "--draft-min", "COLI_DRAFT_MIN", 0, int,
+                    "fewest draft tokens a stream is given when a source has them and drafting is "
+                    "not paused (0: as the measured cost decides; at most --draft-max)")
 # colibri.sched.speculation.SPECULATIVE_MODES (tests/test_speculation.py checks): the scheduler is
 # not imported by the HTTP server, which checks the flag it passes on.
 SPECULATIVE_CHOICES = ("off", "ngram", "mtp", "auto")
@@ -313,15 +320,19 @@ def kv_slots(args: argparse.Namespace, setting: Setting) -> int:
     return n
 
 
-def speculation(args: argparse.Namespace) -> tuple[str, int]:
-    """``--speculative`` and ``--draft-max`` (or their variables), checked: (mode, draft_max)."""
-    mode, draft_max = resolve(args, SPECULATIVE), resolve(args, DRAFT_MAX)
+def speculation(args: argparse.Namespace) -> tuple[str, int, int]:
+    """``--speculative``, ``--draft-max`` and ``--draft-min`` (or their variables), checked:
+    (mode, draft_max, draft_min)."""
+    mode, draft_max, draft_min = (resolve(args, s) for s in (SPECULATIVE, DRAFT_MAX, DRAFT_MIN))
     if mode not in SPECULATIVE_CHOICES:
         raise ConfigError(f"--speculative/{SPECULATIVE.env} must be one of {', '.join(SPECULATIVE_CHOICES)}, "
                           f"got {mode!r}")
     if not 1 <= draft_max <= MAX_DRAFT:
         raise ConfigError(f"--draft-max/{DRAFT_MAX.env} must be 1..{MAX_DRAFT}, got {draft_max}")
-    return mode, draft_max
+    if not 0 <= draft_min <= draft_max:
+        raise ConfigError(f"--draft-min/{DRAFT_MIN.env} must be 0..--draft-max ({draft_max}), "
+                          f"got {draft_min}")
+    return mode, draft_max, draft_min
 
 
 def kv_type(args: argparse.Namespace) -> str:

@@ -100,6 +100,9 @@ def test_the_cap_is_an_optional_positional_count():
     (["4", "--ram-budget", "1"], {}, "give the cap (experts per MoE layer) or --ram-budget (GB), not both"),
     ([], {"NGEN": "0"}, "--max-tokens/COLI_MAX_TOKENS/NGEN must be positive, got 0"),
     ([], {"SNAP": "/no/such/model"}, "SNAP '/no/such/model' does not exist"),
+    (["--draft-max", "4", "--draft-min", "5"], {},
+     "--draft-min/COLI_DRAFT_MIN must be 0..--draft-max (4), got 5"),
+    ([], {"COLI_DRAFT_MIN": "-1"}, "--draft-min/COLI_DRAFT_MIN must be 0..--draft-max (16), got -1"),
 ])
 def test_refusals_come_before_the_model_loads(argv, env, message):
     proc = subprocess.run([sys.executable, "-m", "colibri", "engine", *argv, "--no-persist"],

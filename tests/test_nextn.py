@@ -70,11 +70,13 @@ def test_the_layers_logits_are_the_references_at_once_and_row_by_row(files):
 
 
 async def _run(nursery, path: Path, mode: str, budget: str = "inf", temperature: float = 0.0,
-               tokens: int = 40, chunk: int = 128, prompts: list[list[int]] = PROMPTS,
+               tokens: int = 40, chunk: int = 128, prompts: list[list[int]] = PROMPTS, draft_min: int = 0,
                ) -> tuple[list[bytes], list[Perf]]:
     """Every prompt at once, one per slot; ``chunk``: the prefill chunk (a smaller one runs the
-    layer over prompt rows mid-prompt, whose next token is the prompt's)."""
-    args = engine_args(None, "--speculative", mode, "--prefill-chunk", str(chunk), slots=len(prompts))
+    layer over prompt rows mid-prompt, whose next token is the prompt's); ``draft_min``: the
+    floor under the draft length the measured step cost chooses (a host's timing decides it)."""
+    args = engine_args(None, "--speculative", mode, "--prefill-chunk", str(chunk),
+                       "--draft-min", str(draft_min), slots=len(prompts))
     engine = await EngineProcess.start(nursery, "--model", str(path), "--ram-budget", budget, *args)
     subs = [Submit(i + 1, i, tokens, temperature, 1.0, "", seed=i + 7 if temperature else None,
                    prompt_ids=tuple(p)) for i, p in enumerate(prompts)]
@@ -112,11 +114,13 @@ async def test_the_echo_layers_drafts_are_accepted_on_a_repeating_stream(nursery
     (greedy, REPEATING's continuations), its drafts are accepted, and plain decoding's tokens
     come out."""
     plain, _ = await _run(nursery, files["echo", "q8_0"], "off", prompts=REPEATING)
-    spec, perf = await _run(nursery, files["echo", "q8_0"], "mtp", prompts=REPEATING)
+    # The step cost the draft length follows is measured: on a loaded host the tiny model's chained
+    # passes can look dearer than their tokens (a fresh-clone CI run drafted 16 tokens, 9 accepted).
+    # The floor takes the host's timing out of what is asserted.
+    spec, perf = await _run(nursery, files["echo", "q8_0"], "mtp", prompts=REPEATING, draft_min=2)
     assert spec == plain
     drafted, accepted = sum(p.drafted_tokens for p in perf), sum(p.accepted_tokens for p in perf)
     print(f"echo layer: {accepted} of {drafted} draft tokens accepted")
-    # (measured 38 of 76: a draft grows while the token repeats, and its tail goes when it stops)
     assert accepted >= 10 and accepted >= 0.3 * drafted
 
 

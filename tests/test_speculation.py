@@ -134,6 +134,24 @@ def test_drafts_are_as_long_as_they_pay_and_none_while_paused_or_past_the_limit(
     assert d.propose(emitted=5, streams=1, cost=(0.6, 0.4), limit=8) == []
 
 
+def test_a_floor_gives_drafts_the_cost_would_not_but_not_while_paused():
+    """--draft-min: a draft of at least the floor where a source has one (rows dearer than any
+    gain: none without it), never past the source's tokens or the limit, none while paused."""
+    dear = (0.1, 0.9)
+    tokens = [7, 1, 2, 3, 4, 5, 9, 1, 2]
+    assert sp.Drafting(NgramDrafter(tokens)).propose(emitted=0, streams=1, cost=dear, limit=8) == []
+    d = sp.Drafting(NgramDrafter(tokens), floor=3)
+    assert d.propose(emitted=0, streams=1, cost=dear, limit=8) == [3, 4, 5]
+    assert d.propose(emitted=0, streams=1, cost=dear, limit=2) == [3, 4]
+    assert sp.Drafting(NgramDrafter(tokens), floor=16).propose(0, 1, dear, 16) == [3, 4, 5, 9, 1, 2]
+    layer = sp.Drafting(None, nextn=True, floor=2)
+    assert layer.layer_length(emitted=0, streams=1, cost=dear, limit=8) == 2
+    layer.nextn.pause(0)
+    assert layer.layer_length(emitted=1, streams=1, cost=dear, limit=8) == 0
+    d.matched.pause(0)
+    assert d.propose(emitted=1, streams=1, cost=dear, limit=8) == []
+
+
 def test_a_copys_drafts_are_measured_apart():
     passage = list(range(100, 140))
     d = sp.Drafting(NgramDrafter([*passage, 7, *passage[:20]]))

@@ -79,8 +79,9 @@ class ServeConfig:
     open_browser: bool = False
     ram_budget_gb: float | None = None  # --ram-budget for the engine; None: its own default
     kv_type: str = settings.KV_TYPE.default  # --kv-type for the engine
-    # --speculative and --draft-max for the engine
-    speculation: tuple[str, int] = (settings.SPECULATIVE.default, settings.DRAFT_MAX.default)
+    # --speculative, --draft-max and --draft-min for the engine
+    speculation: tuple[str, int, int] = (settings.SPECULATIVE.default, settings.DRAFT_MAX.default,
+                                         settings.DRAFT_MIN.default)
     max_body: int = MAX_BODY  # bytes
     body_timeout_s: float = BODY_TIMEOUT_S
     max_requests: int = MAX_CONCURRENT_REQUESTS
@@ -248,7 +249,7 @@ def _engine(cfg: ServeConfig, n_ctx: int) -> EngineClient:
     """The ``coli engine`` child, told what this server was told."""
     engine_args = ["--model", str(cfg.model_path), "--kv-slots", str(cfg.kv_slots), "--ctx", str(n_ctx),
                    "--kv-type", cfg.kv_type, "--speculative", cfg.speculation[0],
-                   "--draft-max", str(cfg.speculation[1])]
+                   "--draft-max", str(cfg.speculation[1]), "--draft-min", str(cfg.speculation[2])]
     engine_args += ["--state-dir", str(cfg.state_dir)] if cfg.state_dir else ["--no-persist"]
     if cfg.ram_budget_gb is not None:  # else the engine resolves COLI_RAM_GB or its default itself
         engine_args += ["--ram-budget", str(cfg.ram_budget_gb)]

@@ -245,7 +245,7 @@ class Engine:
         spec = self.speculation
         if spec.on and req.submit.speculative is not False and req.constraint is None:
             lookup = await trio.to_thread.run_sync(index_slot, req.slot, prompt) if spec.lookup else None
-            req.drafting = Drafting(lookup, spec.nextn)
+            req.drafting = Drafting(lookup, spec.nextn, spec.draft_min)
         self.active.append(req)
         self._work.set()
         return True

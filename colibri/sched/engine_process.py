@@ -55,6 +55,7 @@ class EngineConfig:
     cap: int | None = None  # the C engine's positional cap as given (reported once the model loads)
     speculative: str = "off"  # the draft source (speculation.SPECULATIVE_MODES)
     draft_max: int = 16
+    draft_min: int = 0
 
 
 def run_engine(cfg: EngineConfig) -> int:
@@ -70,7 +71,8 @@ def run_engine(cfg: EngineConfig) -> int:
                                            mtp=mtp))
         compute.call(load_kernels)  # a sampled request's first token does not wait for it
         n_ctx = min(cfg.n_ctx, model.hp.context_length)
-        speculation = resolve(cfg.speculative, cfg.draft_max, model.hp.arch, model.has_draft_layer)
+        speculation = resolve(cfg.speculative, cfg.draft_max, model.hp.arch, model.has_draft_layer,
+                              cfg.draft_min)
         if cfg.cap is not None:
             print(f"coli engine: {cap_report(cfg.cap, model)}", file=sys.stderr, flush=True)
         return trio.run(_main, cfg, model, n_ctx, compute, speculation)

@@ -255,10 +255,12 @@ def verify(draft: Sequence[int], draw: Callable[[int], int], stop_ids: Container
 @dataclass(frozen=True)
 class Speculation:
     """The engine's setting: the draft source (``SPECULATIVE_MODES``, ``auto`` resolved at load) and
-    the longest draft a step verifies."""
+    the longest draft a step verifies, the shortest it is given where drafting runs (``DRAFT_MIN``
+    in settings.py)."""
 
     mode: str = "off"
     draft_max: int = 16
+    draft_min: int = 0
 
     @property
     def on(self) -> bool:
@@ -278,7 +280,7 @@ class Speculation:
 NO_SPECULATION = Speculation()
 
 
-def resolve(mode: str, draft_max: int, arch: str, has_nextn: bool) -> Speculation:
+def resolve(mode: str, draft_max: int, arch: str, has_nextn: bool, draft_min: int = 0) -> Speculation:
     """The engine's setting for its model (``has_nextn``: a NextN layer loaded): ``auto`` as the
     sources the model has."""
     if mode == "mtp" and not has_nextn:
@@ -286,7 +288,7 @@ def resolve(mode: str, draft_max: int, arch: str, has_nextn: bool) -> Speculatio
                           f"(architecture {arch!r}; GLM-4.5's files may carry one); use ngram or auto")
     if mode == "auto" and not has_nextn:
         mode = "ngram"
-    return Speculation(mode, draft_max)
+    return Speculation(mode, draft_max, draft_min)
 
 
 class Drafting:
@@ -298,7 +300,7 @@ class Drafting:
     token the step drew (the same event as its acceptance: the drawn token equals it); a layer
     whose drafts fail is so paused within NEXTN_PAUSE_WINDOW steps, and stops costing its pass."""
 
-    def __init__(self, lookup: NgramDrafter | None, nextn: bool = False) -> None:
+    def __init__(self, lookup: NgramDrafter | None, nextn: bool = False, floor: int = 0) -> None:
         self.lookup = lookup  # the slot's prompt-lookup index, holding the request's prompt
         # by the source's agreement; a copy's drafts are taken for likely before any is measured
         self.matched, self.copying = Acceptance(), Acceptance(COPY_PRIOR)
@@ -308,6 +310,10 @@ class Drafting:
         self._shadow: list[int] = []  # the layer's tokens not fed: scored against the step's
         self._last = self.matched  # the acceptance the step's draft is measured for
         self.drafted = self.accepted = 0
+        self.floor = floor  # the fewest tokens a draft is given (Speculation.draft_min)
+
+    def _length(self, rate: float, streams: int, cost: tuple[float, float], limit: int) -> int:
+        return max(min(self.floor, limit), draft_length(rate, streams, cost, limit))
 
     def extend(self, tokens: Sequence[int]) -> None:
         if self.lookup is not None:
@@ -319,7 +325,7 @@ class Drafting:
         a = self.nextn
         if a is None or limit <= 0 or emitted < a.paused_until:
             return 0
-        return draft_length(a.rate(emitted), streams, cost, limit)
+        return self._length(a.rate(emitted), streams, cost, limit)
 
     def propose(self, emitted: int, streams: int, cost: tuple[float, float], limit: int) -> list[int]:
         """The draft for the step to come (empty: none this step)."""
@@ -333,14 +339,14 @@ class Drafting:
             layer_draft = []  # (none computed while paused: nothing to feed or score)
         if layer_draft and agreed < COPYING:
             self._last = layer  # the layer's where it ran, unless lookup finds a copy
-            fed = layer_draft[: draft_length(layer.rate(emitted), streams, cost, min(offer, limit))]
+            fed = layer_draft[: self._length(layer.rate(emitted), streams, cost, min(offer, limit))]
             self._shadow = [] if fed else layer_draft
             return fed
         self._shadow = layer_draft
         a = self._last = self.copying if agreed >= COPYING else self.matched
         if not draft or emitted < a.paused_until:
             return []
-        return draft[: draft_length(a.rate(emitted), streams, cost, len(draft))]
+        return draft[: self._length(a.rate(emitted), streams, cost, len(draft))]
 
     def record(self, proposed: int, accepted: int, emitted: int, tokens: Sequence[int] = ()) -> None:
         """A step's outcome: its draft (``proposed`` tokens, ``accepted`` of them; none: 0, 0),
