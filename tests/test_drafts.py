@@ -40,8 +40,8 @@ class FakeRequest:
 
 
 class RecordingModel:
-    """``hidden[t]`` holds t; the layer's output row is its hidden row + 1000; each logit row's
-    best token is the row's token + 1."""
+    """``hidden[t]`` holds t; the layer's output for a logit row is its hidden row + 1000; each
+    logit row's best token is the row's token + 1."""
 
     def __init__(self, rows: int) -> None:
         self._hidden = np.arange(rows, dtype=np.float32)[:, None].repeat(4, axis=1)
@@ -55,7 +55,7 @@ class RecordingModel:
                            logit_rows.tolist(), n_direct))
         logits = np.zeros((len(logit_rows), V), np.float32)
         logits[np.arange(len(logit_rows)), tokens[logit_rows] + 1] = 1.0
-        return logits, hidden + 1000.0
+        return logits, hidden[logit_rows] + 1000.0
 
 
 class FakeKV:

@@ -82,8 +82,8 @@ class Model:
               kv: KVCache, logit_rows: np.ndarray, n_direct: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """The NextN layer's step (``network/nextn.py``): row t takes ``tokens[t]``, the token after
         the one whose last hidden state is ``hidden[t]`` (``hidden(rows)``); the logits of
-        ``logit_rows`` (each predicting the token after ``tokens[t]``) and every row's output as the
-        hidden state of the token after it (a longer draft's next row). ValueError without one."""
+        ``logit_rows`` (each predicting the token after ``tokens[t]``) and those rows' output as the
+        hidden state of the token after each (a longer draft's next row). ValueError without one."""
         if kv.dtype != self._kv_dtype:
             raise ValueError(f"a {kv.dtype} KV cache for a model of {self.kv_type} caches")
         return self.decoder.draft(tokens, hidden, slots, positions, kv, logit_rows, n_direct)

@@ -40,15 +40,17 @@ def assign_drafts(active: Sequence[Request], speculation: Speculation, step_cost
     for req in decoding:
         if req.drafting is None or req.stop_requested:
             continue
-        draft = req.drafting.propose(req.emitted, len(decoding), cost, _room(req, speculation, n_ctx))
+        room = _room(req, speculation, req.emitted, len(req.slot.history), n_ctx)
+        draft = req.drafting.propose(req.emitted, len(decoding), cost, room)
         stop = next((i for i, t in enumerate(draft) if t in stop_ids), None)
         req.draft = draft if stop is None else draft[: stop + 1]  # nothing is drawn past a turn's end
 
 
-def _room(req: Request, speculation: Speculation, n_ctx: int) -> int:
-    """The most draft tokens the request may verify in its next step."""
-    return min(speculation.draft_max, req.submit.max_tokens - req.emitted - 1,
-               n_ctx - len(req.slot.history) - 1)
+def _room(req: Request, speculation: Speculation, emitted: int, position: int, n_ctx: int) -> int:
+    """The most draft tokens the request may verify in the step that feeds its next token at
+    ``position``, ``emitted`` tokens given by then: each is one more token of its answer and one
+    more position of its slot."""
+    return min(speculation.draft_max, req.submit.max_tokens - emitted - 1, n_ctx - position - 1)
 
 
 def index_slot(slot: Slot, prompt: list[int]) -> NgramDrafter:
@@ -87,9 +89,8 @@ def nextn_pass(model: EngineModel, kv: KVCache, plan: StepPlan, drawn: Sequence[
     cost, n_decoding = step_cost.split(), sum(1 for s in streams if s.sampled)
     for s in streams:
         if s.sampled:  # the next step feeds its new token at the last row's position + 1
-            req, after = s.req, int(positions[s.rows[-1]]) + 1
-            room = min(speculation.draft_max, req.submit.max_tokens - req.emitted - s.sampled - 1,
-                       kv.n_ctx - after - 1)
+            req = s.req
+            room = _room(req, speculation, req.emitted + s.sampled, int(positions[s.rows[-1]]) + 1, kv.n_ctx)
             s.offer = req.drafting.layer_length(req.emitted + s.sampled, n_decoding, cost, room)
             s.length = max(s.offer, 1) if room > 0 else 0  # a first token to score, fed or not
     rows = [r for s in streams for r in s.rows]
@@ -99,9 +100,9 @@ def nextn_pass(model: EngineModel, kv: KVCache, plan: StepPlan, drawn: Sequence[
     chain = [s for s in streams if s.length]
     last = ends[[i for i, s in enumerate(streams) if s.length]]
     tokens = np.asarray([t for s in streams for t in s.tokens], np.int64)
-    logits, x = model.draft(tokens, model.hidden(np.asarray(rows)), slots, at, kv, last,
-                            sum(1 for r in rows if r < plan.n_direct))
-    hidden, at = x[last], at[last]
+    logits, hidden = model.draft(tokens, model.hidden(np.asarray(rows)), slots, at, kv, last,
+                                 sum(1 for r in rows if r < plan.n_direct))
+    at = at[last]
     while chain:  # each pass: one more token of each draft not yet long enough
         picks = logits.argmax(axis=1)
         for s, t in zip(chain, picks.tolist(), strict=True):

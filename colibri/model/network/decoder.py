@@ -22,7 +22,7 @@ from numba.core.dispatcher import Dispatcher
 
 from colibri.model.hparams import HParams
 from colibri.model.interface import StepTimes
-from colibri.model.kernels.ops import add_into, rmsnorm, rope_frequencies
+from colibri.model.kernels.ops import add_into, rope_frequencies
 from colibri.model.kv_cache import KVCache
 from colibri.model.network.embedding import Embedding, OutputHead
 from colibri.model.network.layers import (
@@ -203,7 +203,8 @@ class Decoder:
                 x = np.array(embeds, np.float32, order="C")
             if x.ndim != 2 or x.shape[1] != self.hp.n_embd:
                 raise ValueError(f"soft input rows must be [rows, {self.hp.n_embd}], got {list(x.shape)}")
-            t_attn = sum(self.layer(i, x, kv, slots, positions, n_direct) for i in range(self.hp.n_layers))
+            h = np.empty_like(x)  # every MoE layer's normed rows, one buffer a step
+            t_attn = sum(self.layer(i, x, kv, slots, positions, n_direct, h) for i in range(self.hp.n_layers))
             self._hidden = x
             t0 = time.perf_counter()
             logits = self.head(x, logit_rows)
@@ -214,9 +215,9 @@ class Decoder:
             self.experts.step_done(time.perf_counter() - start, decode=done and n_direct == len(x))
 
     def layer(self, i: int, x: np.ndarray, kv: KVCache, slots: np.ndarray, positions: np.ndarray,
-              n_direct: int) -> float:
+              n_direct: int, h: np.ndarray | None = None) -> float:
         """Layer i on the rows ``x``, in place; the seconds of its attention where it is its own
-        call (a MoE layer's), else 0."""
+        call (a MoE layer's), else 0. ``h``: scratch rows like ``x`` (a MoE layer's FFN input)."""
         inv_freq = self.inv_freq_long if self.rope_variant(kv.n_ctx) == "long" else self.inv_freq
         args = (self.shapes[i], kv.k, kv.v, i, slots, positions, inv_freq[i], n_direct)
         entries = i < self.hp.n_layers or self._nextn_entries
@@ -224,7 +225,7 @@ class Decoder:
             dense = self.dense_layer if entries else dense_layer
             dense(x, self.attn[i], self.ffn_norm[i], self.ffn[i], *args)
             return 0.0
-        h = np.empty_like(x)
+        h = np.empty_like(x) if h is None else h
         t0 = time.perf_counter()
         attend = self.attention_then_norm if entries else attention_then_norm
         attend(x, self.attn[i], self.ffn_norm[i], *args, h)
@@ -235,15 +236,12 @@ class Decoder:
     def hidden(self, rows: np.ndarray) -> np.ndarray:
         """The last step's ``rows`` as the output head sees them: the last layer's output, after
         the final norm (the NextN layer's input, as vLLM and SGLang give it)."""
-        x = np.ascontiguousarray(self._hidden[rows])
-        out = np.empty_like(x)
-        rmsnorm(x, self.head.norm, self.hp.norm_eps, out)
-        return out
+        return self.head.normed(self._hidden[rows])
 
     def draft(self, tokens: np.ndarray, hidden: np.ndarray, slots: np.ndarray, positions: np.ndarray,
               kv: KVCache, logit_rows: np.ndarray, n_direct: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """The NextN layer's step (``nextn.py``): its logits of ``logit_rows`` and its rows as its
-        head sees them (the next draft row's hidden state)."""
+        """The NextN layer's step (``nextn.py``): its logits of ``logit_rows`` and those rows as
+        its head sees them (the next draft row's hidden state)."""
         if self.nextn is None:
             raise ValueError(f"{self.hp.arch}: no NextN layer loaded")
         # (the layer's entry points read whatever they are given as the types they were compiled for)

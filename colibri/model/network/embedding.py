@@ -52,8 +52,16 @@ class OutputHead:
     def __call__(self, x: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
         """Final norm and output matmul of the rows asked for, on the direct path (one row per
         sequence, whatever else is in the step)."""
-        h = np.empty((logit_rows.shape[0], self.n_embd), np.float32)
-        rmsnorm(np.ascontiguousarray(x[logit_rows]), self.norm, self.eps, h)
+        return self.project(self.normed(x[logit_rows]))
+
+    def normed(self, x: np.ndarray) -> np.ndarray:
+        """The rows ``x`` after the final norm: what the output matrix sees (and a NextN layer)."""
+        h = np.empty((x.shape[0], self.n_embd), np.float32)
+        rmsnorm(np.ascontiguousarray(x, np.float32), self.norm, self.eps, h)
+        return h
+
+    def project(self, h: np.ndarray) -> np.ndarray:
+        """The logits of normed rows ``h``."""
         logits = np.empty((h.shape[0], self.output.n_rows), np.float32)
         qmatmul(h, self.output, logits, h.shape[0])
         return logits

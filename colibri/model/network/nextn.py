@@ -55,8 +55,8 @@ class NextN:
 
     def __call__(self, tokens: np.ndarray, hidden: np.ndarray, slots: np.ndarray, positions: np.ndarray,
                  kv: KVCache, logit_rows: np.ndarray, n_direct: int) -> tuple[np.ndarray, np.ndarray]:
-        """The logits of ``logit_rows`` and every row's output after the head's norm (the next draft
-        row's hidden state). ``hidden``: the model's last hidden states after its final norm."""
+        """The logits of ``logit_rows`` and those rows' output after the head's norm (the next
+        draft row's hidden state). ``hidden``: the model's last hidden states after its final norm."""
         rows = tokens.shape[0]
         e = self.embedding(np.ascontiguousarray(tokens, np.int64))
         e[positions == 0] = 0.0
@@ -69,6 +69,5 @@ class NextN:
         x = np.empty((rows, self.n_embd), np.float32)
         qmatmul(both, self.eh_proj, x, n_direct)
         self.layer(self.index, x, kv, slots, positions, n_direct)
-        normed = np.empty_like(x)
-        rmsnorm(x, self.head.norm, self.eps, normed)
-        return self.head(x, logit_rows), normed
+        h = self.head.normed(x[logit_rows])
+        return self.head.project(h), h
