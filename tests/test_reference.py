@@ -1,4 +1,4 @@
-"""The plain-numpy reference forward pass (``colibri/model/reference.py``) as an oracle.
+"""The plain-numpy reference forward pass (``colibri/model/reference/``) as an oracle.
 
 First the oracle itself is held against two independent implementations: transformers, on the
 tiny checkpoint of every architecture (tests/data/tiny_hf, converted by ``coli convert``), and
@@ -23,6 +23,8 @@ from colibri.model import reference
 from colibri.model.generate import SingleSequence
 from colibri.model.kernels.int8_matmul import EXPERT_LEVELS
 from colibri.model.loader import Model
+from colibri.model.reference import moe as reference_moe
+from colibri.model.reference import parts
 
 DATA = Path(__file__).parent / "data" / "tiny_hf"
 ARCHS = ["llama", "mixtral", "qwen2moe", "qwen3moe", "glm4moe"]
@@ -174,14 +176,14 @@ class SelectionBiasIgnored(reference.Weights):
 
 
 def _swap_rope_pairs(monkeypatch) -> None:
-    rope = reference.rope
-    monkeypatch.setattr(reference, "rope",
+    rope = parts.rope
+    monkeypatch.setattr(parts, "rope",
                         lambda x, hd, rd, base, neox, **kw: rope(x, hd, rd, base, not neox, **kw))
 
 
 def _renormalise_always(monkeypatch) -> None:
-    routing = reference.softmax_routing
-    monkeypatch.setattr(reference, "softmax_routing", lambda logits, k, _: routing(logits, k, True))
+    routing = parts.softmax_routing
+    monkeypatch.setattr(reference_moe, "softmax_routing", lambda logits, k, _: routing(logits, k, True))
 
 
 MISTAKES = {  # mistake: (architecture, how the reference's math is changed, weights class)
