@@ -69,6 +69,8 @@ def expected_tensors(arch: str) -> dict[str, tuple[tuple[int, ...], bool]]:
             t[b + "attn_k.bias"] = t[b + "attn_v.bias"] = ((kv,), True)
         if arch in ("qwen3moe", "glm4moe"):
             t[b + "attn_q_norm.weight"] = t[b + "attn_k_norm.weight"] = ((hd,), True)
+        if arch == "olmoe":  # over the whole width of q and of k
+            t[b + "attn_q_norm.weight"], t[b + "attn_k_norm.weight"] = ((q,), True), ((kv,), True)
         t[b + ("post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight")] = ((h,), True)
         if arch == "llama" or (arch == "glm4moe" and i < cfg["first_k_dense_replace"]):
             ff = cfg["intermediate_size"]
@@ -114,9 +116,12 @@ EXPECTED_METADATA = {
                 "glm4moe.expert_group_count": 2, "glm4moe.expert_group_used_count": 1,
                 "glm4moe.nextn_predict_layers": 0, "glm4moe.attention.key_length": 32,
                 "glm4moe.rope.dimension_count": 16},
+    "olmoe": {"olmoe.block_count": 2, "olmoe.expert_count": 8, "olmoe.expert_used_count": 2,
+              "olmoe.feed_forward_length": 64, "olmoe.expert_gating_func": 1,
+              "olmoe.expert_weights_norm": False, "olmoe.rope.dimension_count": 16},
 }
 GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe",
-             "glm4moe": "glm4moe"}
+             "glm4moe": "glm4moe", "olmoe": "olmoe"}
 
 
 # --- the converted files -------------------------------------------------------------------------
@@ -164,7 +169,8 @@ def test_values_match_the_checkpoint(converted, arch: str) -> None:
     moe = {"mixtral": ("model.layers.1.block_sparse_moe.experts.{}.w3.weight", 1),
            "qwen2moe": ("model.layers.1.mlp.experts.{}.up_proj.weight", 1),
            "qwen3moe": ("model.layers.1.mlp.experts.{}.up_proj.weight", 1),
-           "glm4moe": ("model.layers.2.mlp.experts.{}.up_proj.weight", 2)}.get(arch)
+           "glm4moe": ("model.layers.2.mlp.experts.{}.up_proj.weight", 2),
+           "olmoe": ("model.layers.1.mlp.experts.{}.up_proj.weight", 1)}.get(arch)
     if moe:
         stacked = values(g32, f"blk.{moe[1]}.ffn_up_exps.weight")
         for e in range(len(stacked)):

@@ -26,10 +26,10 @@ from colibri.model.network.moe import GATING_SIGMOID, GATING_SOFTMAX, Routing, b
 from colibri.store.packed import KIND_Q5, KIND_Q8
 
 DATA = Path(__file__).parent / "data" / "tiny_hf"
-MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe", "glm4moe"]
+MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe", "glm4moe", "olmoe"]
 ARCHS = ["llama", *MOE_ARCHS]  # the dense llama checkpoint checks the shared code against transformers
 GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe",
-             "glm4moe": "glm4moe"}
+             "glm4moe": "glm4moe", "olmoe": "olmoe"}
 MAX_ABS_DIFF = 1e-3
 # Top-1 agreement with transformers over the 28 positions: q4_k_m's experts round their activations
 # to one 8-bit level (``int8_matmul.EXPERT_LEVELS``), as llama.cpp's do, and llama.cpp on the same

@@ -27,7 +27,7 @@ from colibri.model.reference import moe as reference_moe
 from colibri.model.reference import parts
 
 DATA = Path(__file__).parent / "data" / "tiny_hf"
-ARCHS = ["llama", "mixtral", "qwen2moe", "qwen3moe", "glm4moe"]
+ARCHS = ["llama", "mixtral", "qwen2moe", "qwen3moe", "glm4moe", "olmoe"]
 
 # The reference (float64) against transformers (float32, eager attention): transformers' rounding
 # alone, measured 0.6-1.7e-5.

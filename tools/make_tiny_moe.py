@@ -1,6 +1,7 @@
 """Make the tiny random Hugging Face checkpoints in ``tests/data/tiny_hf/`` and their references.
 
-One checkpoint per architecture ``coli convert`` reads (llama, mixtral, qwen2moe, qwen3moe, glm4moe),
+One checkpoint per architecture ``coli convert`` reads (llama, mixtral, qwen2moe, qwen3moe, glm4moe,
+olmoe; deepseek2 and deepseek3, DeepSeek's V2 and V3 layouts of the GGUF ``deepseek2``),
 built with transformers' own model classes from fixed seeds, float32, saved with ``save_pretrained``
 (config.json plus safetensors; qwen2moe in two shards with an index). Beside each, the reference
 that transformers computes with eager attention: a fixed prompt of token ids, the logits at every
@@ -143,6 +144,27 @@ SPECS: dict[str, Spec] = {
         n_routed_experts=N_EXPERTS, num_experts_per_tok=TOP_K, n_shared_experts=1, first_k_dense_replace=1,
         n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True, partial_rotary_factor=0.5,
         attention_bias=True, use_qk_norm=True, num_nextn_predict_layers=0), router="sigmoid", seed=3),
+    # OLMoE: q and k RMS-normalised over their whole width (not per head), softmax top-k not
+    # renormalised. As many kv heads as heads, as OLMoE-1B-7B: llama.cpp's olmoe takes the k norm
+    # to be n_embd wide (a GQA checkpoint, which transformers runs, it refuses to load).
+    "olmoe": Spec("OlmoeConfig", "OlmoeForCausalLM", dict(
+        num_hidden_layers=2, intermediate_size=64, num_experts=N_EXPERTS, num_experts_per_tok=TOP_K,
+        num_key_value_heads=N_HEADS, norm_topk_prob=False, clip_qkv=None), seed=3),
+    # DeepSeek-V2-Lite's layout: MLA with q straight from the hidden state (no q_lora), the latent of
+    # kv_lora_rank plus a shared rope key, softmax top-k (greedy, not renormalised), one shared
+    # expert, the first layer dense. Every width a multiple of 32 (q4/q8 blocks, the packed rows).
+    "deepseek2": Spec("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
+        num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=64, num_key_value_heads=N_HEADS,
+        n_routed_experts=N_EXPERTS, num_experts_per_tok=TOP_K, n_shared_experts=1, first_k_dense_replace=1,
+        q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0), seed=16),
+    # DeepSeek-V3's: q through a low-rank q_lora with its norm; sigmoid scores plus the correction
+    # bias, 2 groups of which 1 is used, renormalised, routed scaling 2.5; two shared experts.
+    "deepseek3": Spec("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=N_HEADS,
+        n_routed_experts=N_EXPERTS, num_experts_per_tok=TOP_K, n_shared_experts=2, first_k_dense_replace=1,
+        q_lora_rank=32, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5), router="sigmoid", seed=1),
 }
 
 

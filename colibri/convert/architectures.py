@@ -2,7 +2,7 @@
 of a conversion (``make_plan``): the metadata and tensors, checked against the checkpoint.
 
 The building blocks are in ``plan``; the dense architectures' plans (llama, qwen2, qwen3, gemma3,
-phi3) in ``dense``, the mixture-of-experts ones (qwen2moe, qwen3moe, glm4moe) in ``moe``.
+phi3) in ``dense``, the mixture-of-experts ones (qwen2moe, qwen3moe, glm4moe, olmoe) in ``moe``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from colibri.convert.checkpoint_config import Config, ConvertError
 from colibri.convert.dense import plan_gemma3, plan_llama, plan_phi3, plan_qwen2
-from colibri.convert.moe import plan_glm4moe, plan_qwen_moe
+from colibri.convert.moe import plan_glm4moe, plan_olmoe, plan_qwen_moe
 from colibri.convert.plan import Builder, Dims, Plan, TensorPlan
 
 __all__ = ["ARCHITECTURES", "ConvertError", "Plan", "TensorPlan", "make_plan"]
@@ -30,9 +30,11 @@ ARCHITECTURES: dict[str, str] = {
     "Qwen2MoeForCausalLM": "qwen2moe",
     "Qwen3MoeForCausalLM": "qwen3moe",
     "Glm4MoeForCausalLM": "glm4moe",
+    "OlmoeForCausalLM": "olmoe",
 }
 PLANNERS = {"llama": plan_llama, "qwen2": plan_qwen2, "qwen3": plan_qwen2, "gemma3": plan_gemma3,
-            "phi3": plan_phi3, "qwen2moe": plan_qwen_moe, "qwen3moe": plan_qwen_moe, "glm4moe": plan_glm4moe}
+            "phi3": plan_phi3, "qwen2moe": plan_qwen_moe, "qwen3moe": plan_qwen_moe, "glm4moe": plan_glm4moe,
+            "olmoe": plan_olmoe}
 # Architectures whose global and local (sliding-window) layers have ropes of their own.
 LAYER_ROPES = ("gemma3",)
 

@@ -1,5 +1,5 @@
-"""The plans of the mixture-of-experts architectures: qwen2moe, qwen3moe, glm4moe (and the experts
-of mixtral, which llama.cpp writes as ``llama``).
+"""The plans of the mixture-of-experts architectures: qwen2moe, qwen3moe, glm4moe, olmoe (and the
+experts of mixtral, which llama.cpp writes as ``llama``).
 
 Experts become one 3-D tensor per projection, ``blk.N.ffn_{gate,up,down}_exps.weight``, expert by
 expert (numpy shape ``(n_expert, rows, cols)``), from per-expert tensors or from the fused
@@ -98,6 +98,30 @@ def plan_qwen_moe(b: Builder, cfg: Config, d: Dims) -> None:
             # (1, n_embd) in the checkpoint: llama.cpp takes it as the vector it is.
             b.vector(T.FFN_GATE_INP_SHEXP, i, f"model.layers.{i}.mlp.shared_expert_gate.weight", d.n_embd,
                      src_shape=(1, d.n_embd))
+
+
+def plan_olmoe(b: Builder, cfg: Config, d: Dims) -> None:
+    """OLMoE: softmax top-k (renormalised only where ``norm_topk_prob`` says), no shared expert,
+    q and k each normalised over its whole width (the norms are as wide as q and k, not a head).
+    NEOX rope: nothing permuted. OLMo's ``clip_qkv`` (clamping q, k, v) is refused: llama.cpp's
+    olmoe has none, and OLMoE-1B-7B sets none."""
+    plan = b.plan
+    if cfg.get("clip_qkv") is not None:
+        raise ConvertError(f"config.json: clip_qkv {cfg.get('clip_qkv')!r} is not supported (llama.cpp's "
+                           "olmoe does not clamp q, k and v)")
+    n_expert = cfg.first_int(*EXPERT_COUNT_KEYS)
+    common_metadata(plan, cfg, d, d.n_layer, d.head_dim)
+    moe_metadata(plan, n_expert, cfg.int("num_experts_per_tok"), gguf.ExpertGatingFuncType.SOFTMAX,
+                 bool(cfg.get("norm_topk_prob", False)))
+    embeddings(b, cfg, d)
+    for i in range(d.n_layer):
+        p = f"model.layers.{i}"
+        attention(b, i, d, permute=False, qk_norm=False, post_norm=T.FFN_NORM)
+        b.vector(T.ATTN_Q_NORM, i, f"{p}.self_attn.q_norm.weight", d.n_head * d.head_dim)
+        b.vector(T.ATTN_K_NORM, i, f"{p}.self_attn.k_norm.weight", d.n_head_kv * d.head_dim)
+        router(b, i, n_expert, d.n_embd)
+        experts(b, i, n_expert, d.n_embd, d.n_ff, p + ".mlp.experts.{e}.{proj}.weight",
+                ("gate_proj", "up_proj", "down_proj"))
 
 
 def plan_glm4moe(b: Builder, cfg: Config, d: Dims) -> None:

@@ -8,6 +8,7 @@ from colibri.model.network.dense import Phi3Decoder, Qwen2Decoder, Qwen3Decoder
 from colibri.model.network.gemma3 import Gemma3Decoder
 from colibri.model.network.glm4moe import Glm4MoeDecoder
 from colibri.model.network.llama import LlamaDecoder
+from colibri.model.network.olmoe import OlmoeDecoder
 from colibri.model.network.qwen_moe import Qwen2MoeDecoder, Qwen3MoeDecoder
 
 # GGUF general.architecture -> network. Mixtral-style models are "llama" with expert tensors.
@@ -20,6 +21,7 @@ ARCHITECTURES: dict[str, type[Decoder]] = {
     "qwen2moe": Qwen2MoeDecoder,
     "qwen3moe": Qwen3MoeDecoder,
     "glm4moe": Glm4MoeDecoder,
+    "olmoe": OlmoeDecoder,
 }
 
 __all__ = ["ARCHITECTURES", "Decoder"]

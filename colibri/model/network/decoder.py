@@ -1,6 +1,6 @@
 """The decoder loop that every architecture here shares; each architecture's module (``llama.py``,
-``dense.py``, ``gemma3.py``, ``qwen_moe.py``, ``glm4moe.py``) is a subclass that says how its
-layers differ (class attributes, ``is_moe``, ``is_sliding``), never a forward pass of its own.
+``dense.py``, ``gemma3.py``, ``qwen_moe.py``, ``glm4moe.py``, ``olmoe.py``) is a subclass that says
+how its layers differ (class attributes, ``is_moe``, ``is_sliding``), never a forward pass of its own.
 
 A layer: ``x += attention(rmsnorm(x))``, then ``x += ffn(rmsnorm(x, <ffn norm>))``, the FFN being a
 dense SwiGLU or GeGLU (one compiled call for the whole layer) or the layer's experts (the attention

@@ -41,7 +41,9 @@ class Attention(NamedTuple):
     wqkv: Weight  # q, k and v stacked by rows: one matmul; or q and k, where v is apart
     wv: Weight  # v where its format would widen the stack (``load_stack_or_apart``); else empty
     bqkv: np.ndarray  # their biases, stacked (qwen2, qwen2moe, glm4moe); empty: none
-    q_norm: np.ndarray  # per-head RMSNorm of q and k before RoPE (qwen3, gemma3, glm4moe); empty: none
+    # RMSNorm of q and k before RoPE: per head where head_dim wide (qwen3, gemma3, glm4moe), over
+    # the whole row where as wide as q or k (olmoe); empty: none
+    q_norm: np.ndarray
     k_norm: np.ndarray
     wo: Weight
     post_norm: np.ndarray  # RMSNorm of the output before the residual add (gemma3); empty: none
@@ -111,10 +113,10 @@ def attention(
     q = np.ascontiguousarray(qkv[:, :q_dim])
     k = np.ascontiguousarray(qkv[:, q_dim : q_dim + kv_dim])
     v = qkv[:, q_dim + kv_dim :]  # store_kv reads it in place
-    if a.q_norm.shape[0] > 0:
-        rmsnorm_heads(q, a.q_norm, sh.n_heads, sh.head_dim, sh.eps)
+    if a.q_norm.shape[0] > 0:  # spans as wide as the weight: each head, or the whole row
+        rmsnorm_heads(q, a.q_norm, q_dim // a.q_norm.shape[0], a.q_norm.shape[0], sh.eps)
     if a.k_norm.shape[0] > 0:
-        rmsnorm_heads(k, a.k_norm, sh.n_kv, sh.head_dim, sh.eps)
+        rmsnorm_heads(k, a.k_norm, kv_dim // a.k_norm.shape[0], a.k_norm.shape[0], sh.eps)
     rope(q, positions, sh.n_heads, sh.head_dim, inv_freq, sh.neox, sh.mscale)
     rope(k, positions, sh.n_kv, sh.head_dim, inv_freq, sh.neox, sh.mscale)
     store_kv(k, v, k_cache, v_cache, layer, slots, positions, sh.n_kv, sh.head_dim)

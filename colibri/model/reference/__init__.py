@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from colibri.model.reference.dense import dense, gemma3, llama
-from colibri.model.reference.moe import glm4moe, glm4moe_nextn, qwen2moe, qwen3moe
+from colibri.model.reference.moe import glm4moe, glm4moe_nextn, olmoe, qwen2moe, qwen3moe
 from colibri.model.reference.parts import rounded, softmax_routing
 from colibri.model.reference.weights import Config, Weights
 
@@ -37,6 +37,7 @@ ARCHITECTURES: dict[str, Callable[[Weights, np.ndarray], np.ndarray]] = {
     "qwen2moe": qwen2moe,
     "qwen3moe": qwen3moe,
     "glm4moe": glm4moe,
+    "olmoe": olmoe,
 }
 
 

@@ -59,6 +59,22 @@ def qwen3moe(w: Weights, ids: np.ndarray) -> np.ndarray:
     return output(w, x)
 
 
+def olmoe(w: Weights, ids: np.ndarray) -> np.ndarray:
+    """OLMoE (OLMoE-1B-7B). No biases; q and k each RMS-normalised over its whole width (every
+    head at once: the weights are n_heads * head_dim wide) before NEOX RoPE. Experts: softmax
+    top-k with the probabilities as they are unless the file says to renormalise (Hugging Face's
+    ``norm_topk_prob``, false in OLMoE-1B-7B), no shared expert."""
+    c = w.config
+    x = w.rows("token_embd.weight", ids)
+    for i in range(c.n_layers):
+        p = f"blk.{i}."
+        x = x + self_attention(w, p, x, neox=True, qk_norm=True)
+        h = rms_norm(x, w[p + "ffn_norm.weight"], c.eps)
+        chosen, weight = softmax_routing(h @ w[p + "ffn_gate_inp.weight"].T, c.n_used, c.norm_topk is True)
+        x = x + experts(w, p, h, chosen, weight)
+    return output(w, x)
+
+
 def glm4moe(w: Weights, ids: np.ndarray) -> np.ndarray:
     """GLM-4.5, GLM-4.5-Air. Biases on q, k, v; per-head q and k norms where the file has them;
     NEOX RoPE on the first ``rope_dim`` dimensions of each head only. The FFN's norm is

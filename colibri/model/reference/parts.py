@@ -13,10 +13,11 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def head_norm(x: np.ndarray, weight: np.ndarray, head_dim: int, eps: float) -> np.ndarray:
-    """RMSNorm of every head of every row (qwen3moe's and glm4moe's q and k norms)."""
-    heads = x.reshape(x.shape[0], -1, head_dim)
-    return rms_norm(heads, weight, eps).reshape(x.shape)
+def span_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm of q or k over spans as wide as ``weight``: every head (qwen3moe's and glm4moe's
+    head_dim-wide weights) or the whole row (olmoe's, all heads at once)."""
+    spans = x.reshape(x.shape[0], -1, weight.shape[0])
+    return rms_norm(spans, weight, eps).reshape(x.shape)
 
 
 def rope(x: np.ndarray, head_dim: int, rope_dim: int, base: float, neox: bool,
@@ -169,9 +170,10 @@ def grouped_top_k(scores: np.ndarray, k: int, n_groups: int, n_groups_used: int)
 def self_attention(w: Weights, p: str, x: np.ndarray, neox: bool, qk_norm: bool = False,
                    local: bool = False) -> np.ndarray:
     """A layer's attention half, before its residual add: ``rms_norm``, q/k/v (fused in
-    ``attn_qkv`` or apart, with their biases where the file has them), per-head q and k norms
-    (``qk_norm``), RoPE, causal GQA attention, the output projection. A ``local`` layer: the
-    window, and RoPE at the local base without the linear scaling."""
+    ``attn_qkv`` or apart, with their biases where the file has them), q and k norms
+    (``qk_norm``: per head, or over the whole row where the weight is that wide), RoPE, causal
+    GQA attention, the output projection. A ``local`` layer: the window, and RoPE at the local
+    base without the linear scaling."""
     c = w.config
     h = rms_norm(x, w[p + "attn_norm.weight"], c.eps)
     if p + "attn_qkv.weight" in w:
@@ -180,8 +182,8 @@ def self_attention(w: Weights, p: str, x: np.ndarray, neox: bool, qk_norm: bool 
     else:
         q, k, v = (linear(w, p + f"attn_{n}", h) for n in "qkv")
     if qk_norm:
-        q = head_norm(q, w[p + "attn_q_norm.weight"], c.head_dim, c.eps)
-        k = head_norm(k, w[p + "attn_k_norm.weight"], c.head_dim, c.eps)
+        q = span_norm(q, w[p + "attn_q_norm.weight"], c.eps)
+        k = span_norm(k, w[p + "attn_k_norm.weight"], c.eps)
     base, divisors = (c.rope_base_swa, 1.0) if local else (c.rope_base, c.rope_linear)
     phi = "rope_factors_long" if x.shape[0] > c.n_ctx_orig else "rope_factors_short"
     for factors in ("rope_freqs.weight", phi + ".weight"):  # Llama 3's; Phi's long RoPE, by length
