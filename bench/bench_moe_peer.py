@@ -1,6 +1,6 @@
 """The MoE headline: colibri's expert store against llama.cpp on the same file, under memory caps.
 
-    python bench/bench_moe_peer.py [--arch llama|llama-q4km|qwen3moe|glm4moe | --gguf PATH]
+    python bench/bench_moe_peer.py [--arch llama|llama-q4km|qwen3moe|glm4moe|deepseek2 | --gguf PATH]
         [--caps 1.5:0.6,1.0:0.3]
         [--tokens 64] [--runs 3] [--no-uncapped] [--read-mbps N] [--readahead-ways] [--no-peer]
 
@@ -10,7 +10,9 @@ vocabulary so that llama.cpp loads it: ``--arch llama`` (the default) 24 layers 
 24 layers x 64 experts of 768 x 1024, top-8, q/k norms, 16 heads of 128) in llama.cpp's Q4_K_M mix,
 2.12 GiB; ``--arch glm4moe`` GLM-4.5-Air's (``GLM4MOE``: a dense first layer, then 64 experts of 768
 x 1024, top-8, plus a shared one, sigmoid routing with a selection bias, q/k/v biases, 24 heads of
-128, half of each rotated) in the same mix, 2.09 GiB; ``--arch llama-q4km`` the llama file
+128, half of each rotated) in the same mix, 2.09 GiB; ``--arch deepseek2`` DeepSeek-V2-Lite's
+(``DEEPSEEK2``: latent attention, a dense first layer, then 64 experts of 768 x 1024, top-6, plus
+two shared ones, softmax routing) in the same mix; ``--arch llama-q4km`` the llama file
 requantized by llama.cpp's own quantizer to its Q4_K_M mix (once, cached), 2.98 GB. Each case is a
 memory cap (GB, RSS plus page cache, as a small machine's RAM: ``memcap.py`` says how it is applied
 here) and colibri's ``--ram-budget`` (GiB) under it, then one case with no cap and no budget.
@@ -85,8 +87,14 @@ QWEN3MOE = dict(arch="qwen3moe", n_layers=24, n_experts=64, n_used=8, n_embd=102
 # half its depth and experts; its experts as narrow as QWEN3MOE's, so the two files compare.
 GLM4MOE = dict(arch="glm4moe", n_layers=24, n_experts=64, n_used=8, n_embd=1024, n_ff=768,
                n_heads=24, n_kv_heads=2, head_dim=128, n_vocab=4096)
+# DeepSeek-V2-Lite's shape (27 layers, 64 experts of 1408 x 2048 top-6 plus two shared, 16 heads of
+# latent attention: kv_lora 512, nope 128, rope 64, value 128) at half its width (the attention's
+# too: make_synthetic_moe.DEEPSEEK_MLA), its experts as narrow as the others'.
+DEEPSEEK2 = dict(arch="deepseek2", n_layers=24, n_experts=64, n_used=6, n_embd=1024, n_ff=768,
+                 n_heads=16, n_kv_heads=1, head_dim=64, n_vocab=4096)
 FILES = {"llama": (bench_moe.DEFAULT_GGUF, {}), "qwen3moe": (CACHE / "synthetic-qwen3moe.gguf", QWEN3MOE),
-         "glm4moe": (CACHE / "synthetic-glm4moe.gguf", GLM4MOE)}
+         "glm4moe": (CACHE / "synthetic-glm4moe.gguf", GLM4MOE),
+         "deepseek2": (CACHE / "synthetic-deepseek2.gguf", DEEPSEEK2)}
 # ``--arch llama-q4km``: the Q4_0 file requantized by llama.cpp's own quantizer to its Q4_K_M mix
 # (``llama_model_quantize``, ``allow_requantize``), as the K-quant files people download are made.
 REQUANTIZED = {"llama-q4km": ("llama", "Q4_K_M")}

@@ -55,7 +55,8 @@ def test_atlas_shares_and_affinities(tiny_moe, tmp_path, capsys):
 def test_the_server_publishes_it(tiny_moe, tmp_path):
     """``coli serve`` serves the state directory's experts.json at /atlas, read at each request
     (404 before it exists). The default model is dense, so the file here is written by hand.
-    /health carries the block types and the hardware the console shows."""
+    /health carries the block types and the hardware the console shows, and a slot's KV bytes per
+    token."""
     from serve_harness import running_server
 
     state = tmp_path / "state"
@@ -69,6 +70,8 @@ def test_the_server_publishes_it(tiny_moe, tmp_path):
         health = h.get("/health").json()
         assert {"Q4_1", "F32"} <= set(health["block_types"]), health
         assert health["hardware"]["cores"] >= 1 and health["hardware"]["ram_total_gb"] > 0, health
+        # SmolLM2-135M: 30 layers, 3 kv heads of 64, keys and values in halves
+        assert health["kv_bytes_per_token"] == 30 * 3 * 64 * 2 * 2, health
 
 
 def test_atlas_errors(tiny_moe, tmp_path, model_path, capsys):

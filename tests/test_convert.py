@@ -49,6 +49,8 @@ def converted(tmp_path_factory) -> dict[tuple[str, str], Path]:
 def expected_tensors(arch: str) -> dict[str, tuple[tuple[int, ...], bool]]:
     """GGUF name -> (numpy shape, stays F32) for each tiny checkpoint, from llama.cpp's names."""
     cfg = json.loads((TINY / arch / "config.json").read_text())
+    if arch.startswith("deepseek"):
+        return expected_deepseek(cfg)
     h, v = cfg["hidden_size"], cfg["vocab_size"]
     hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
     q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
@@ -93,6 +95,43 @@ def expected_tensors(arch: str) -> dict[str, tuple[tuple[int, ...], bool]]:
     return t
 
 
+def expected_deepseek(cfg: dict) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """DeepSeek's layout: latent attention with kv_b_proj split per head into k_b (transposed) and
+    v_b, the first layer dense, experts with shared ones (and V3's correction bias)."""
+    h, v, heads = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
+    lora, nope = cfg["kv_lora_rank"], cfg["qk_nope_head_dim"]
+    rope, vd = cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    n_exp, ff, sh = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["n_shared_experts"]
+    t = {"token_embd.weight": ((v, h), False), "output_norm.weight": ((h,), True),
+         "output.weight": ((v, h), False)}
+    for i in range(cfg["num_hidden_layers"]):
+        b = f"blk.{i}."
+        t[b + "attn_norm.weight"] = t[b + "ffn_norm.weight"] = ((h,), True)
+        if cfg["q_lora_rank"]:
+            t[b + "attn_q_a.weight"] = ((cfg["q_lora_rank"], h), False)
+            t[b + "attn_q_a_norm.weight"] = ((cfg["q_lora_rank"],), True)
+            t[b + "attn_q_b.weight"] = ((heads * (nope + rope), cfg["q_lora_rank"]), False)
+        else:
+            t[b + "attn_q.weight"] = ((heads * (nope + rope), h), False)
+        t[b + "attn_kv_a_mqa.weight"] = ((lora + rope, h), False)
+        t[b + "attn_kv_a_norm.weight"] = ((lora,), True)
+        t[b + "attn_k_b.weight"] = ((heads, lora, nope), False)
+        t[b + "attn_v_b.weight"] = ((heads, vd, lora), False)
+        t[b + "attn_output.weight"] = ((h, heads * vd), False)
+        if i < cfg["first_k_dense_replace"]:
+            t[b + "ffn_gate.weight"] = t[b + "ffn_up.weight"] = ((cfg["intermediate_size"], h), False)
+            t[b + "ffn_down.weight"] = ((h, cfg["intermediate_size"]), False)
+            continue
+        t[b + "ffn_gate_inp.weight"] = ((n_exp, h), True)
+        t[b + "ffn_gate_exps.weight"] = t[b + "ffn_up_exps.weight"] = ((n_exp, ff, h), False)
+        t[b + "ffn_down_exps.weight"] = ((n_exp, h, ff), False)
+        t[b + "ffn_gate_shexp.weight"] = t[b + "ffn_up_shexp.weight"] = ((sh * ff, h), False)
+        t[b + "ffn_down_shexp.weight"] = ((h, sh * ff), False)
+        if cfg["model_type"] == "deepseek_v3":
+            t[b + "exp_probs_b.bias"] = ((n_exp,), True)
+    return t
+
+
 EXPECTED_METADATA = {
     "llama": {"llama.block_count": 2, "llama.embedding_length": 64, "llama.feed_forward_length": 96,
               "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
@@ -119,9 +158,30 @@ EXPECTED_METADATA = {
     "olmoe": {"olmoe.block_count": 2, "olmoe.expert_count": 8, "olmoe.expert_used_count": 2,
               "olmoe.feed_forward_length": 64, "olmoe.expert_gating_func": 1,
               "olmoe.expert_weights_norm": False, "olmoe.rope.dimension_count": 16},
+    # one kv head: the latent (32) and the rope key (16); a query head's key 32 + 16, value 32
+    "deepseek2": {"deepseek2.block_count": 3, "deepseek2.attention.head_count_kv": 1,
+                  "deepseek2.attention.key_length": 48, "deepseek2.attention.value_length": 32,
+                  "deepseek2.attention.key_length_mla": 48, "deepseek2.attention.value_length_mla": 32,
+                  "deepseek2.attention.q_lora_rank": 0, "deepseek2.attention.kv_lora_rank": 32,
+                  "deepseek2.rope.dimension_count": 16, "deepseek2.expert_count": 8,
+                  "deepseek2.expert_used_count": 2, "deepseek2.expert_shared_count": 1,
+                  "deepseek2.expert_feed_forward_length": 64, "deepseek2.leading_dense_block_count": 1,
+                  "deepseek2.expert_gating_func": 1, "deepseek2.expert_weights_norm": False},
+    "deepseek3": {"deepseek2.attention.key_length": 80, "deepseek2.attention.value_length": 64,
+                  "deepseek2.attention.q_lora_rank": 32, "deepseek2.attention.kv_lora_rank": 64,
+                  "deepseek2.expert_gating_func": 2, "deepseek2.expert_weights_norm": True,
+                  "deepseek2.expert_weights_scale": 2.5, "deepseek2.expert_group_count": 2,
+                  "deepseek2.expert_group_used_count": 1, "deepseek2.expert_shared_count": 2},
+    # YaRN as llama.cpp's converter writes it: 0.1 * mscale_all_dim for the attention's scale
+    "deepseek3_yarn": {"deepseek2.rope.scaling.type": "yarn", "deepseek2.rope.scaling.factor": 8.0,
+                       "deepseek2.rope.scaling.original_context_length": 32,
+                       "deepseek2.rope.scaling.yarn_beta_fast": 32.0,
+                       "deepseek2.rope.scaling.yarn_beta_slow": 1.0,
+                       "deepseek2.rope.scaling.yarn_log_multiplier": 0.0707},
 }
 GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe",
-             "glm4moe": "glm4moe", "olmoe": "olmoe"}
+             "glm4moe": "glm4moe", "olmoe": "olmoe", "deepseek2": "deepseek2", "deepseek3": "deepseek2",
+             "deepseek3_yarn": "deepseek2"}
 
 
 # --- the converted files -------------------------------------------------------------------------
@@ -155,22 +215,29 @@ def test_values_match_the_checkpoint(converted, arch: str) -> None:
     hf = read_checkpoint(TINY / arch)
     cfg = json.loads((TINY / arch / "config.json").read_text())
     g32 = GGUFFile(converted[arch, "f32"])
-    for name in ("token_embd.weight", "blk.1.attn_v.weight", "blk.1.attn_output.weight"):
-        src = {"token_embd.weight": "model.embed_tokens.weight", "blk.1.attn_v.weight":
-               "model.layers.1.self_attn.v_proj.weight", "blk.1.attn_output.weight":
-               "model.layers.1.self_attn.o_proj.weight"}[name]
-        np.testing.assert_array_equal(values(g32, name), hf[src])
-    q_src, k_src = hf["model.layers.0.self_attn.q_proj.weight"], hf["model.layers.0.self_attn.k_proj.weight"]
-    if GGUF_ARCH[arch] == "llama":  # NORM rope: rows interleaved per head
-        q_src = q_src[llama_rope_rows(len(q_src), cfg["num_attention_heads"])]
-        k_src = k_src[llama_rope_rows(len(k_src), cfg["num_key_value_heads"])]
-    np.testing.assert_array_equal(values(g32, "blk.0.attn_q.weight"), q_src)
-    np.testing.assert_array_equal(values(g32, "blk.0.attn_k.weight"), k_src)
+    if arch.startswith("deepseek"):
+        assert_latent_split(hf, cfg, g32)
+    else:
+        for name in ("token_embd.weight", "blk.1.attn_v.weight", "blk.1.attn_output.weight"):
+            src = {"token_embd.weight": "model.embed_tokens.weight", "blk.1.attn_v.weight":
+                   "model.layers.1.self_attn.v_proj.weight", "blk.1.attn_output.weight":
+                   "model.layers.1.self_attn.o_proj.weight"}[name]
+            np.testing.assert_array_equal(values(g32, name), hf[src])
+        q_src = hf["model.layers.0.self_attn.q_proj.weight"]
+        k_src = hf["model.layers.0.self_attn.k_proj.weight"]
+        if GGUF_ARCH[arch] == "llama":  # NORM rope: rows interleaved per head
+            q_src = q_src[llama_rope_rows(len(q_src), cfg["num_attention_heads"])]
+            k_src = k_src[llama_rope_rows(len(k_src), cfg["num_key_value_heads"])]
+        np.testing.assert_array_equal(values(g32, "blk.0.attn_q.weight"), q_src)
+        np.testing.assert_array_equal(values(g32, "blk.0.attn_k.weight"), k_src)
     moe = {"mixtral": ("model.layers.1.block_sparse_moe.experts.{}.w3.weight", 1),
            "qwen2moe": ("model.layers.1.mlp.experts.{}.up_proj.weight", 1),
            "qwen3moe": ("model.layers.1.mlp.experts.{}.up_proj.weight", 1),
            "glm4moe": ("model.layers.2.mlp.experts.{}.up_proj.weight", 2),
-           "olmoe": ("model.layers.1.mlp.experts.{}.up_proj.weight", 1)}.get(arch)
+           "olmoe": ("model.layers.1.mlp.experts.{}.up_proj.weight", 1),
+           "deepseek2": ("model.layers.1.mlp.experts.{}.up_proj.weight", 1),
+           "deepseek3": ("model.layers.2.mlp.experts.{}.up_proj.weight", 2),
+           "deepseek3_yarn": ("model.layers.2.mlp.experts.{}.up_proj.weight", 2)}.get(arch)
     if moe:
         stacked = values(g32, f"blk.{moe[1]}.ffn_up_exps.weight")
         for e in range(len(stacked)):
@@ -185,6 +252,16 @@ def test_values_match_the_checkpoint(converted, arch: str) -> None:
                 assert (err <= np.abs(blocks).max(axis=1) * Q8_ERROR * 1.01).all(), name
             else:
                 np.testing.assert_array_equal(got, exact, err_msg=f"{t} {name}")
+
+
+def assert_latent_split(hf: dict[str, np.ndarray], cfg: dict, g32: GGUFFile) -> None:
+    """kv_b_proj per head: its key rows transposed into attn_k_b, its value rows into attn_v_b."""
+    nope, vd = cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+    kv_b = hf["model.layers.1.self_attn.kv_b_proj.weight"].reshape(cfg["num_attention_heads"], nope + vd, -1)
+    np.testing.assert_array_equal(values(g32, "blk.1.attn_k_b.weight"), kv_b[:, :nope].transpose(0, 2, 1))
+    np.testing.assert_array_equal(values(g32, "blk.1.attn_v_b.weight"), kv_b[:, nope:])
+    np.testing.assert_array_equal(values(g32, "blk.1.attn_kv_a_mqa.weight"),
+                                  hf["model.layers.1.self_attn.kv_a_proj_with_mqa.weight"])
 
 
 def test_tokenizer_and_placeholder_vocabulary(converted) -> None:

@@ -99,10 +99,10 @@ def test_a_rope_scaling_the_engine_cannot_compute_is_named(gemma_hp):
     from colibri.model.file_info import architecture_features
 
     assert gemma_hp.unsupported_rope() is None
-    yarn = replace(gemma_hp, rope_scaling="yarn")
-    assert yarn.unsupported_rope() == ("RoPE scaling 'yarn' is not supported "
-                                       "(supported: none, linear, longrope)")
-    assert architecture_features(None, yarn) == yarn.unsupported_rope()  # coli info says why
+    dynamic = replace(gemma_hp, rope_scaling="dynamic")
+    assert dynamic.unsupported_rope() == ("RoPE scaling 'dynamic' is not supported "
+                                          "(supported: none, linear, longrope, yarn)")
+    assert architecture_features(None, dynamic) == dynamic.unsupported_rope()  # coli info says why
 
 
 

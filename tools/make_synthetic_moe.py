@@ -15,13 +15,15 @@ Three shapes: ``--arch llama`` (mixtral's layout, every matrix Q4_0: the default
 headline's file), ``--arch qwen3moe`` (Qwen3-30B-A3B's layout scaled down: per-head q/k norms, NEOX RoPE, a
 head size of its own, top-8 of many narrow experts) and ``--arch glm4moe`` (GLM-4.5-Air's: q/k/v
 biases, NEOX RoPE on half of each head, a leading dense layer, sigmoid routing steered by a
-selection bias, an ungated shared expert beside the routed ones), both quantized as llama.cpp's
+selection bias, an ungated shared expert beside the routed ones) and ``--arch deepseek2``
+(DeepSeek-V2-Lite's: latent attention, two shared experts, softmax routing, a leading dense
+layer), all three quantized as llama.cpp's
 Q4_K_M mix has it (Q4_K, with Q6_K for ``attn_v`` and every ``ffn_down`` in the layers its
 ``use_more_bits`` picks, and for ``output``). Random K-quant blocks are drawn directly in their
 byte layout (a reference quantizer would take minutes per GB); the embedding is quantized from
 real values.
 
-    python tools/make_synthetic_moe.py OUT.gguf [--arch llama|qwen3moe|glm4moe] [--layers 24]
+    python tools/make_synthetic_moe.py OUT.gguf [--arch llama|qwen3moe|glm4moe|deepseek2] [--layers 24]
         [--experts 64] [--used 4] [--embd 1024] [--ff 1024] [--vocab 4096] [--heads 8]
         [--kv-heads 4] [--head-dim D] [--nextn]
 """
@@ -56,6 +58,11 @@ SELECTION_BIAS_SCALE = 0.1
 GLM_DENSE_LEAD = 1
 GLM_DENSE_FF_PER_EXPERT_FF = 7.8
 GLM_SHARED = 1
+# deepseek2's, after DeepSeek-V2-Lite (27 layers, the first dense with an FFN 7.8x an expert's, two
+# shared experts, 64 experts of 1408 x 2048 top-6, 16 heads, latent attention: kv_lora_rank 512,
+# nope 128, rope 64, value 128, q straight from the hidden state), its attention at half its width
+DEEPSEEK_SHARED = 2
+DEEPSEEK_MLA = dict(kv_lora=256, nope=64, mla_rope=32, v_dim=64)
 
 
 def _random_q4_0(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
@@ -192,6 +199,10 @@ class Shape(NamedTuple):
     n_dense_lead: int = 0  # leading layers with a dense FFN (glm4moe)
     n_ff_dense: int = 0  # their FFN's gate (and up) rows
     n_shared: int = 0  # shared experts beside the routed ones (glm4moe: their FFN is n_shared n_ff)
+    kv_lora: int = 0  # deepseek2's latent attention: the latent's width
+    nope: int = 0  # a query head's part without rope
+    mla_rope: int = 0  # its rope part, and the shared rope key's
+    v_dim: int = 0  # a head's value
 
     @property
     def q_dim(self) -> int:
@@ -207,7 +218,10 @@ class Shape(NamedTuple):
 
     @property
     def rope_dim(self) -> int:
-        """glm4moe rotates half of each head (GLM-4.5's ``partial_rotary_factor``), the others all."""
+        """glm4moe rotates half of each head (GLM-4.5's ``partial_rotary_factor``), deepseek2 its
+        rope part, the others all."""
+        if self.arch == "deepseek2":
+            return self.mla_rope
         return self.head_dim // 2 if self.arch == "glm4moe" else self.head_dim
 
     def types(self, layer: int) -> tuple[gguf.GGMLQuantizationType, gguf.GGMLQuantizationType]:
@@ -232,20 +246,28 @@ class _Plan:
     def f32_tensor(self, name: str, shape: tuple[int, ...], make: Make) -> None:
         self.entries.append((name, shape, F32, make))
 
+    def latent_attention(self, p: str, shape: Shape, base: gguf.GGMLQuantizationType) -> None:
+        """deepseek2's: q from the hidden state, the latent and rope key, k_b (its rows of ``nope``,
+        Q4_0: no whole K-quant super-block) and v_b a head each, the output."""
+        w, n_embd, heads = self.weights, shape.n_embd, shape.n_heads
+        self.matrix(p + "attn_q.weight", base, heads * (shape.nope + shape.mla_rope), n_embd)
+        self.matrix(p + "attn_kv_a_mqa.weight", base, shape.kv_lora + shape.mla_rope, n_embd)
+        self.f32_tensor(p + "attn_kv_a_norm.weight", (shape.kv_lora,), w.ones_head(shape.kv_lora))
+        for name, qtype, rows, cols in (("attn_k_b", Q4, shape.kv_lora, shape.nope),
+                                        ("attn_v_b", base, shape.v_dim, shape.kv_lora)):
+            make = _RANDOM[qtype]
+            self.entries.append((p + name + ".weight", (heads, rows, _row_bytes(qtype, cols)), qtype,
+                                 lambda m=make, r=rows, c=cols: m(w.rng, heads * r, c).reshape(heads, r, -1)))
+        self.matrix(p + "attn_output.weight", base, n_embd, heads * shape.v_dim)
+
     def layer(self, i: int, shape: Shape) -> None:
         p, w, n_embd, n_ff = f"blk.{i}.", self.weights, shape.n_embd, shape.n_ff
         base, more = shape.types(i)
         self.f32_tensor(p + "attn_norm.weight", (n_embd,), w.ones_ish)
-        self.matrix(p + "attn_q.weight", base, shape.q_dim, n_embd)
-        self.matrix(p + "attn_k.weight", base, shape.kv_dim, n_embd)
-        self.matrix(p + "attn_v.weight", more, shape.kv_dim, n_embd)
-        self.matrix(p + "attn_output.weight", base, n_embd, shape.q_dim)
-        if shape.arch == "qwen3moe":
-            self.f32_tensor(p + "attn_q_norm.weight", (shape.head_dim,), w.ones_head(shape.head_dim))
-            self.f32_tensor(p + "attn_k_norm.weight", (shape.head_dim,), w.ones_head(shape.head_dim))
-        if shape.arch == "glm4moe":
-            for x, n in (("q", shape.q_dim), ("k", shape.kv_dim), ("v", shape.kv_dim)):
-                self.f32_tensor(p + f"attn_{x}.bias", (n,), w.small(n, BIAS_SCALE))
+        if shape.arch == "deepseek2":
+            self.latent_attention(p, shape, base)
+        else:
+            self.gqa_attention(p, shape, base, more)
         norm = "post_attention_norm" if shape.arch == "glm4moe" else "ffn_norm"
         self.f32_tensor(p + norm + ".weight", (n_embd,), w.ones_ish)
         if i < shape.n_dense_lead:
@@ -261,6 +283,20 @@ class _Plan:
             self.entries.append((f"{p}ffn_{part}_exps.weight", shape3, qtype, w.experts(qtype, rows, cols)))
         if shape.n_shared:
             self.swiglu(p, "_shexp", base, more, shape.n_shared * n_ff, n_embd)
+
+    def gqa_attention(self, p: str, shape: Shape, base: gguf.GGMLQuantizationType,
+                      more: gguf.GGMLQuantizationType) -> None:
+        w, n_embd = self.weights, shape.n_embd
+        self.matrix(p + "attn_q.weight", base, shape.q_dim, n_embd)
+        self.matrix(p + "attn_k.weight", base, shape.kv_dim, n_embd)
+        self.matrix(p + "attn_v.weight", more, shape.kv_dim, n_embd)
+        self.matrix(p + "attn_output.weight", base, n_embd, shape.q_dim)
+        if shape.arch == "qwen3moe":
+            self.f32_tensor(p + "attn_q_norm.weight", (shape.head_dim,), w.ones_head(shape.head_dim))
+            self.f32_tensor(p + "attn_k_norm.weight", (shape.head_dim,), w.ones_head(shape.head_dim))
+        if shape.arch == "glm4moe":
+            for x, n in (("q", shape.q_dim), ("k", shape.kv_dim), ("v", shape.kv_dim)):
+                self.f32_tensor(p + f"attn_{x}.bias", (n,), w.small(n, BIAS_SCALE))
 
     def swiglu(self, p: str, suffix: str, base: gguf.GGMLQuantizationType,
                more: gguf.GGMLQuantizationType, n_ff: int, n_embd: int) -> None:
@@ -284,7 +320,20 @@ def _add_metadata(w: gguf.GGUFWriter, shape: Shape, *, n_experts: int, n_used: i
     w.add_rope_dimension_count(shape.rope_dim)
     w.add_expert_count(n_experts)
     w.add_expert_used_count(n_used)
-    if shape.arch != "llama":
+    if shape.arch == "deepseek2":  # the latent as one kv head (llama.cpp's converter's metadata)
+        w.add_key_length(shape.kv_lora + shape.mla_rope)
+        w.add_value_length(shape.kv_lora)
+        w.add_key_length_mla(shape.nope + shape.mla_rope)
+        w.add_value_length_mla(shape.v_dim)
+        w.add_kv_lora_rank(shape.kv_lora)
+        w.add_q_lora_rank(0)
+        w.add_expert_feed_forward_length(shape.n_ff)
+        w.add_leading_dense_block_count(shape.n_dense_lead)
+        w.add_expert_shared_count(shape.n_shared)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX)
+        w.add_expert_weights_norm(False)  # V2-Lite's norm_topk_prob
+        w.add_expert_weights_scale(1.0)
+    elif shape.arch != "llama":
         w.add_key_length(shape.head_dim)
         w.add_value_length(shape.head_dim)
         w.add_expert_feed_forward_length(shape.n_ff)
@@ -352,10 +401,12 @@ def write_synthetic_moe(
         raise ValueError("--nextn: a NextN layer is glm4moe's")
     shape = Shape(arch, n_layers, n_embd, n_ff, n_heads, n_kv_heads, head_dim or n_embd // n_heads)
     block = QK_K if shape.k_quants else 32
-    if arch == "glm4moe":
+    if arch in ("glm4moe", "deepseek2"):
         dense_ff = int(round(n_ff * GLM_DENSE_FF_PER_EXPERT_FF / block)) * block
         shape = shape._replace(n_dense_lead=min(GLM_DENSE_LEAD, n_layers - 1), n_ff_dense=dense_ff,
-                               n_shared=GLM_SHARED)
+                               n_shared=GLM_SHARED if arch == "glm4moe" else DEEPSEEK_SHARED)
+    if arch == "deepseek2":
+        shape = shape._replace(n_kv_heads=1, **DEEPSEEK_MLA)
     if n_embd % block or n_ff % block or shape.q_dim % block:
         raise ValueError(f"n_embd, n_ff and heads x head size must be multiples of {block} "
                          f"(whole {'K-quant super-' if shape.k_quants else 'Q4_0 '}blocks)")
@@ -381,14 +432,14 @@ def write_synthetic_moe(
     return path
 
 
-ARCHES = ("llama", "qwen3moe", "glm4moe")
+ARCHES = ("llama", "qwen3moe", "glm4moe", "deepseek2")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, metavar="OUT.gguf")
     p.add_argument("--arch", choices=ARCHES, default="llama",
-                   help="llama: mixtral's layout, Q4_0; qwen3moe, glm4moe: those layouts, Q4_K_M")
+                   help="llama: mixtral's layout, Q4_0; qwen3moe, glm4moe, deepseek2: those layouts, Q4_K_M")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--experts", type=int, default=64)
     p.add_argument("--used", type=int, default=4)

@@ -157,14 +157,24 @@ SPECS: dict[str, Spec] = {
         num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=64, num_key_value_heads=N_HEADS,
         n_routed_experts=N_EXPERTS, num_experts_per_tok=TOP_K, n_shared_experts=1, first_k_dense_replace=1,
         q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-        topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0), seed=16),
+        topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0), seed=5),
     # DeepSeek-V3's: q through a low-rank q_lora with its norm; sigmoid scores plus the correction
     # bias, 2 groups of which 1 is used, renormalised, routed scaling 2.5; two shared experts.
     "deepseek3": Spec("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
         num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=N_HEADS,
         n_routed_experts=N_EXPERTS, num_experts_per_tok=TOP_K, n_shared_experts=2, first_k_dense_replace=1,
         q_lora_rank=32, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
-        n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5), router="sigmoid", seed=1),
+        n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5), router="sigmoid", seed=137),
+    # V3's layout with YaRN as DeepSeek's configs have it (factor, the original context, mscale and
+    # mscale_all_dim: the attention's scale grows by mscale_all_dim's term, squared).
+    "deepseek3_yarn": Spec("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=N_HEADS,
+        n_routed_experts=N_EXPERTS, num_experts_per_tok=TOP_K, n_shared_experts=2, first_k_dense_replace=1,
+        q_lora_rank=32, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+        rope_parameters=dict(rope_type="yarn", rope_theta=ROPE_THETA, factor=8.0,
+                             original_max_position_embeddings=32, beta_fast=32.0, beta_slow=1.0,
+                             mscale=0.707, mscale_all_dim=0.707)), router="sigmoid", seed=14),
 }
 
 
@@ -184,6 +194,24 @@ def grid(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tens
         lo, hi = torch.randperm(BLOCK, generator=gen)[:2]
         row[lo], row[hi] = Q_MIN, Q_MAX
     return (blocks * scale).reshape(shape)
+
+
+def keys_on_grid_both_ways(kv_b: torch.Tensor, nope: int, v_dim: int, gen: torch.Generator) -> None:
+    """DeepSeek's kv_b_proj: each head's key rows are stored transposed (``attn_k_b``), so their
+    blocks of BLOCK also run down the columns. In every BLOCK x BLOCK tile of those rows the
+    extremes are moved so that each row and each column holds one Q_MIN and one Q_MAX: Q4_0 then
+    stores both orientations exactly."""
+    step = kv_b.abs().max() / -Q_MIN  # the grid's one power of two for the whole matrix
+    for h in range(kv_b.shape[0] // (nope + v_dim)):
+        for r0 in range(h * (nope + v_dim), h * (nope + v_dim) + nope, BLOCK):
+            for c0 in range(0, kv_b.shape[1], BLOCK):
+                k = torch.round(kv_b[r0 : r0 + BLOCK, c0 : c0 + BLOCK] / step)
+                extreme = (k == Q_MIN) | (k == Q_MAX)
+                k[extreme] = torch.randint(Q_MIN + 1, Q_MAX, (int(extreme.sum()),), generator=gen).float()
+                lows = torch.randperm(BLOCK, generator=gen)
+                highs = torch.roll(lows, 1)  # another column in every row, a permutation too
+                k[torch.arange(BLOCK), lows], k[torch.arange(BLOCK), highs] = float(Q_MIN), float(Q_MAX)
+                kv_b[r0 : r0 + BLOCK, c0 : c0 + BLOCK] = k * step
 
 
 def init_weights(model: torch.nn.Module, spec: Spec) -> None:
@@ -214,6 +242,9 @@ def init_weights(model: torch.nn.Module, spec: Spec) -> None:
                 on_grid(t, EMBD_STD)
             elif name.endswith(("q_proj.weight", "k_proj.weight")):
                 on_grid(t, QK_GAIN / t.shape[-1] ** 0.5)
+            elif name.endswith("kv_b_proj.weight"):
+                on_grid(t, MATRIX_GAIN / t.shape[-1] ** 0.5)
+                keys_on_grid_both_ways(t, spec.config["qk_nope_head_dim"], spec.config["v_head_dim"], gen)
             elif t.dim() >= 2:
                 on_grid(t, MATRIX_GAIN / t.shape[-1] ** 0.5)
             else:

@@ -41,6 +41,7 @@ from colibri.api.reasoning import opens_reasoning
 from colibri.api.security import CorsPolicy, HostGuard, ambiguous_framing_headers, require_key_for_bind
 from colibri.api.server_state import ServerState
 from colibri.api.slot_owners import SlotOwners
+from colibri.model.hparams import HParams
 from colibri.model.text import ModelText
 from colibri.state_files import check_state_dir
 
@@ -295,6 +296,11 @@ def _hypercorn_config(cfg: ServeConfig) -> Config:
     return hconfig
 
 
+def kv_bytes_per_token(hp: HParams, kv_type: str) -> int:
+    """A slot's cache per token as the engine allocates it (``KVCache``): halves or float32."""
+    return hp.kv_layers * hp.kv_values_per_token * (2 if kv_type == "f16" else 4)
+
+
 async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
     engine = _engine(cfg, n_ctx)
     owners = SlotOwners(cfg.kv_slots, cfg.state_dir)
@@ -314,6 +320,7 @@ async def _serve(cfg: ServeConfig, text: ModelText, n_ctx: int) -> int:
         web_dist=cfg.web_dist,
         atlas_path=cfg.state_dir / settings.ATLAS_FILE if cfg.state_dir else None,
         block_types=tuple(sorted({t.gtype.name for t in text.gguf.tensors.values()})),
+        kv_bytes_per_token=kv_bytes_per_token(HParams.from_gguf(text.gguf), cfg.kv_type),
         sampling_defaults=dict(cfg.sampling_defaults),
     )
     app = ConcurrencyLimit(create_app(state, cfg.max_body, cfg.body_timeout_s), cfg.max_requests, state)

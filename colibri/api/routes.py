@@ -98,6 +98,7 @@ async def health() -> Response:
         "persist_failures": persist.failures,
         **state.counters,
         "block_types": list(state.block_types),
+        "kv_bytes_per_token": state.kv_bytes_per_token,
         "hardware": _hardware(state),
     }
     return json_response(body, 200 if ok else 503)

@@ -40,6 +40,7 @@ class ServerState:
     web_dist: Path | None
     atlas_path: Path | None = None  # experts.json that ``coli atlas`` wrote, published at /atlas
     block_types: tuple[str, ...] = ()  # the model file's tensor block formats, for the console
+    kv_bytes_per_token: int = 0  # a slot's KV cache per token (the engine's --kv-type), for /health
     # A request's prompt as token ids, by the trust rule (``ModelText.encode_chat``/``encode_text``);
     # None: the engine tokenizes the rendered text (a unit test's scripted engine). Its second
     # argument, the context: a prompt that cannot fit raises ``TooManyTokens`` untokenized.

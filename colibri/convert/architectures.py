@@ -2,7 +2,8 @@
 of a conversion (``make_plan``): the metadata and tensors, checked against the checkpoint.
 
 The building blocks are in ``plan``; the dense architectures' plans (llama, qwen2, qwen3, gemma3,
-phi3) in ``dense``, the mixture-of-experts ones (qwen2moe, qwen3moe, glm4moe, olmoe) in ``moe``.
+phi3) in ``dense``, the mixture-of-experts ones (qwen2moe, qwen3moe, glm4moe, olmoe) in ``moe``, DeepSeek's
+(deepseek2) in ``deepseek``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from colibri.convert.checkpoint_config import Config, ConvertError
+from colibri.convert.deepseek import plan_deepseek2
 from colibri.convert.dense import plan_gemma3, plan_llama, plan_phi3, plan_qwen2
 from colibri.convert.moe import plan_glm4moe, plan_olmoe, plan_qwen_moe
 from colibri.convert.plan import Builder, Dims, Plan, TensorPlan
@@ -31,10 +33,12 @@ ARCHITECTURES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "qwen3moe",
     "Glm4MoeForCausalLM": "glm4moe",
     "OlmoeForCausalLM": "olmoe",
+    "DeepseekV2ForCausalLM": "deepseek2",
+    "DeepseekV3ForCausalLM": "deepseek2",
 }
 PLANNERS = {"llama": plan_llama, "qwen2": plan_qwen2, "qwen3": plan_qwen2, "gemma3": plan_gemma3,
             "phi3": plan_phi3, "qwen2moe": plan_qwen_moe, "qwen3moe": plan_qwen_moe, "glm4moe": plan_glm4moe,
-            "olmoe": plan_olmoe}
+            "olmoe": plan_olmoe, "deepseek2": plan_deepseek2}
 # Architectures whose global and local (sliding-window) layers have ropes of their own.
 LAYER_ROPES = ("gemma3",)
 

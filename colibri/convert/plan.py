@@ -40,6 +40,7 @@ class Source:
     rows: tuple[int, int] | None = None  # row range taken (gate or up half of gate_up_proj)
     permute_heads: int | None = None  # llama.cpp's rope row permutation over this many heads
     shift: float = 0.0  # added to every value (Gemma's norms: the file holds 1 + w, see dense.py)
+    transposed: bool = False  # the part is the transpose of ``rows`` (DeepSeek's k_b, see deepseek.py)
 
     def row_order(self, n_rows: int) -> np.ndarray | None:
         """Source row of each output row, or None when rows are taken in order."""
@@ -165,18 +166,21 @@ class Dims:
 
 
 def common_metadata(plan: Plan, cfg: Config, d: Dims, n_blocks: int, rope_dim: int,
-                    rope_scalings: tuple[str, ...] = ROPE_SCALINGS) -> None:
+                    rope_scalings: tuple[str, ...] = ROPE_SCALINGS,
+                    kv: tuple[int, int, int] | None = None) -> None:
     """The sizes, norm epsilon and rope of every architecture; a rope scaling outside
-    ``rope_scalings`` is an error (the planner adds what its own scalings need)."""
+    ``rope_scalings`` is an error (the planner adds what its own scalings need). ``kv``: (kv heads,
+    key length, value length) where they are not the config's heads (MLA's one latent head)."""
+    n_head_kv, key_length, value_length = kv or (d.n_head_kv, d.head_dim, d.head_dim)
     plan.kv(K.LLM.VOCAB_SIZE, d.n_vocab, V.UINT32)
     plan.kv(K.LLM.CONTEXT_LENGTH, cfg.int("max_position_embeddings"), V.UINT32)
     plan.kv(K.LLM.EMBEDDING_LENGTH, d.n_embd, V.UINT32)
     plan.kv(K.LLM.FEED_FORWARD_LENGTH, d.n_ff, V.UINT32)
     plan.kv(K.LLM.BLOCK_COUNT, n_blocks, V.UINT32)
     plan.kv(K.Attention.HEAD_COUNT, d.n_head, V.UINT32)
-    plan.kv(K.Attention.HEAD_COUNT_KV, d.n_head_kv, V.UINT32)
-    plan.kv(K.Attention.KEY_LENGTH, d.head_dim, V.UINT32)
-    plan.kv(K.Attention.VALUE_LENGTH, d.head_dim, V.UINT32)
+    plan.kv(K.Attention.HEAD_COUNT_KV, n_head_kv, V.UINT32)
+    plan.kv(K.Attention.KEY_LENGTH, key_length, V.UINT32)
+    plan.kv(K.Attention.VALUE_LENGTH, value_length, V.UINT32)
     plan.kv(K.Attention.LAYERNORM_RMS_EPS, float(cfg.need("rms_norm_eps")), V.FLOAT32)
     plan.kv(K.Rope.FREQ_BASE, cfg.rope_theta(), V.FLOAT32)
     plan.kv(K.Rope.DIMENSION_COUNT, rope_dim, V.UINT32)
@@ -196,6 +200,10 @@ def rope_scaling_metadata(plan: Plan, cfg: Config, allowed: tuple[str, ...]) -> 
         # Absent, transformers and llama.cpp both take the context length as the original one.
         orig = int(cfg.rope_number("original_max_position_embeddings"))
         plan.kv(K.Rope.SCALING_ORIG_CTX_LEN, orig, V.UINT32)
+    betas = (("beta_fast", K.Rope.SCALING_YARN_BETA_FAST), ("beta_slow", K.Rope.SCALING_YARN_BETA_SLOW))
+    for beta, key in betas:
+        if rope_type == "yarn" and cfg.rope.get(beta) is not None:  # absent: llama.cpp's 32 and 1
+            plan.kv(key, cfg.rope_number(beta), V.FLOAT32)
 
 
 def embeddings(b: Builder, cfg: Config, d: Dims, norm_shift: float = 0.0) -> None:

@@ -112,6 +112,10 @@ def chunks(ckpt: Checkpoint, t: TensorPlan) -> Iterator[np.ndarray]:
     step = max(1, CHUNK_BYTES // (4 * cols))
     for src in t.sources:
         first = src.rows[0] if src.rows else 0
+        if src.transposed:  # a head's block, small: read whole, written column by column
+            yield np.ascontiguousarray(ckpt.rows(src.name, first, first + cols, src.expert).T)
+            ckpt.release(src.name)
+            continue
         order = src.row_order(rows)
         for start in range(0, rows, step):
             stop = min(rows, start + step)

@@ -27,6 +27,7 @@ def describe(gguf: GGUFFile) -> list[str]:
         f"embedding     {hp.n_embd}",
         f"feed-forward  {hp.n_ff}",
         f"heads         {hp.n_heads} (kv {hp.n_kv_heads}, dim {hp.head_dim})",
+        f"kv cache      {kv_cache_line(hp)}",
         f"context       {hp.context_length}",
         f"vocabulary    {hp.n_vocab}",
         f"rope base     {hp.rope_base:g}",
@@ -35,6 +36,17 @@ def describe(gguf: GGUFFile) -> list[str]:
         f"block types   {', '.join(f'{k} x{v}' for k, v in sorted(types.items()))}",
         *(f"  {line}" for line in block_type_lines(gguf)),
     ]
+
+
+def kv_cache_line(hp: HParams) -> str:
+    """A slot's cache per token, in the default halves; latent attention's against the heads' keys
+    and values it stands for."""
+    line = f"{hp.kv_layers * hp.kv_values_per_token * 2:,} bytes a token (f16)"
+    if hp.kv_lora_rank:
+        ratio = hp.kv_values_uncompressed / hp.kv_values_per_token
+        line += (f": latent attention, {hp.kv_values_per_token} values a layer where the heads' keys "
+                 f"and values would take {hp.kv_values_uncompressed} ({ratio:.1f}x)")
+    return line
 
 
 def architecture_features(gguf: GGUFFile, hp: HParams) -> str:

@@ -44,8 +44,19 @@ class HParams:
     rope_scaling: str = "linear"  # rope.scaling.type (llama.cpp's default); ROPE_SCALINGS: computed
     rope_linear: float = 1.0  # rope.scaling.factor of a "linear" scaling: positions divided by it
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: RoPE's rotated pairs times it (Phi)
+    rope_factor: float = 1.0  # rope.scaling.factor, whatever the type (YaRN's: ``yarn.py``)
+    yarn_beta_fast: float = 32.0  # rope.scaling.yarn_beta_fast (llama.cpp's default)
+    yarn_beta_slow: float = 1.0  # rope.scaling.yarn_beta_slow
+    yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier: DeepSeek's 0.1 * mscale_all_dim
     n_ctx_orig: int = 0  # rope.scaling.original_context_length: past it, the long RoPE factors
     n_nextn: int = 0  # nextn_predict_layers: the file's last blocks, next-token-prediction (MTP) layers
+    # Multi-head latent attention (deepseek2; 0 elsewhere): the cache's one kv head holds a token's
+    # latent and its rope key (head_dim = kv_lora_rank + rope_dim); a query head's key and value
+    # are key_length_mla and value_length_mla wide.
+    q_lora_rank: int = 0  # attention.q_lora_rank: q through a low rank (0: from the hidden state)
+    kv_lora_rank: int = 0  # attention.kv_lora_rank: the latent's width
+    head_dim_mla: int = 0  # attention.key_length_mla: a query head's nope and rope parts
+    v_dim_mla: int = 0  # attention.value_length_mla: a head's value
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> HParams:
@@ -85,26 +96,42 @@ class HParams:
             norm_eps=float(gguf.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
             n_vocab=n_vocab,
             context_length=int(gguf.get(f"{arch}.context_length", 2048)),
-            n_expert=int(opt("expert_count")),
-            n_expert_used=int(opt("expert_used_count")),
-            n_ff_exp=int(opt("expert_feed_forward_length")),
-            n_ff_shexp=int(opt("expert_shared_feed_forward_length")),
-            n_expert_shared=int(opt("expert_shared_count")),
-            n_expert_groups=int(opt("expert_group_count")),
-            n_group_used=int(opt("expert_group_used_count")),
-            n_dense_lead=int(opt("leading_dense_block_count")),
-            expert_weights_scale=float(opt("expert_weights_scale", 0.0)),
             expert_weights_norm=None if norm is None else bool(norm),
-            expert_gating_func=int(opt("expert_gating_func")),
+            **{name: int(opt(key)) for name, key in _INT_KEYS.items()},
+            expert_weights_scale=float(opt("expert_weights_scale", 0.0)),
             sliding_window=int(opt("attention.sliding_window")),
             swa_pattern=pattern if pattern is None or isinstance(pattern, tuple) else int(pattern),
             rope_base_swa=float(opt("rope.freq_base_swa", 10000.0)),
             rope_scaling=scaling,
             rope_linear=float(opt("rope.scaling.factor", 0.0) or 1.0) if scaling == "linear" else 1.0,
             rope_attn_factor=float(opt("rope.scaling.attn_factor", 1.0)),
+            rope_factor=float(opt("rope.scaling.factor", 0.0) or 1.0),
+            yarn_beta_fast=float(opt("rope.scaling.yarn_beta_fast", 32.0)),
+            yarn_beta_slow=float(opt("rope.scaling.yarn_beta_slow", 1.0)),
+            yarn_log_mul=float(opt("rope.scaling.yarn_log_multiplier", 0.0)),
             n_ctx_orig=int(opt("rope.scaling.original_context_length",
                                gguf.get(f"{arch}.context_length", 2048))),
         )
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers with K/V in the cache: the file's next-token-prediction layer has its own, run or
+        not (slot files keep one layout whether ``--speculative`` loads it)."""
+        return self.n_layers + (self.n_nextn > 0)
+
+    @property
+    def kv_values_per_token(self) -> int:
+        """Values a token keeps in one layer of the cache: its kv heads' keys and values, or (latent
+        attention) its latent and rope key alone."""
+        return self.n_kv_heads * self.head_dim * (1 if self.kv_lora_rank else 2)
+
+    @property
+    def kv_values_uncompressed(self) -> int:
+        """What ``kv_values_per_token`` would be without latent attention: every head's key and value
+        (the same where there is none)."""
+        if not self.kv_lora_rank:
+            return self.kv_values_per_token
+        return self.n_heads * (self.head_dim_mla + self.v_dim_mla)
 
     def unsupported_rope(self) -> str | None:
         """Why the engine cannot compute this file's RoPE, or None: a scaling outside
@@ -114,9 +141,20 @@ class HParams:
         return f"RoPE scaling {self.rope_scaling!r} is not supported (supported: {', '.join(ROPE_SCALINGS)})"
 
 
+# Optional integer fields and their keys (0 where the file has none: a dense model, no MLA).
+_INT_KEYS = {
+    "n_expert": "expert_count", "n_expert_used": "expert_used_count",
+    "n_ff_exp": "expert_feed_forward_length", "n_ff_shexp": "expert_shared_feed_forward_length",
+    "n_expert_shared": "expert_shared_count", "n_expert_groups": "expert_group_count",
+    "n_group_used": "expert_group_used_count", "n_dense_lead": "leading_dense_block_count",
+    "expert_gating_func": "expert_gating_func",
+    "q_lora_rank": "attention.q_lora_rank", "kv_lora_rank": "attention.kv_lora_rank",
+    "head_dim_mla": "attention.key_length_mla", "v_dim_mla": "attention.value_length_mla",
+}
+
 # RoPE scalings computed here: none, "linear" (positions divided by the factor; llama.cpp's reading
-# of a factor without a type) and "longrope" (Phi's: the converter bakes it into per-frequency
+# of a factor without a type), "longrope" (Phi's: the converter bakes it into per-frequency
 # factor tensors, ``rope_factors_short``/``_long``, as it bakes Llama 3's into ``rope_freqs``;
-# ``decoder.py`` divides by them). YaRN changes every frequency and the logits' scale: a file that
-# asks for it is refused rather than run with RoPE it was not trained with.
-ROPE_SCALINGS = ("none", "linear", "longrope")
+# ``decoder.py`` divides by them) and "yarn" (per-frequency divisors and a magnitude computed at
+# load: ``yarn.py``). Another type is refused rather than run with RoPE it was not trained with.
+ROPE_SCALINGS = ("none", "linear", "longrope", "yarn")

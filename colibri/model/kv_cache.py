@@ -53,13 +53,22 @@ class KVBoundsError(ValueError):
 class KVCache:
     def __init__(self, hp: HParams, n_slots: int, n_ctx: int, kv_type: str = DEFAULT_KV_TYPE,
                  n_layers: int = 0) -> None:
-        """``n_layers``: the layers with K/V where they are not ``hp.n_layers`` (a NextN layer's)."""
+        """``n_layers``: the layers with K/V where they are not ``hp.n_layers`` (a NextN layer's).
+        Multi-head latent attention (``hp.kv_lora_rank``) keeps keys only: a token's key is its
+        latent and rope key, its value the latent, the key's first ``kv_lora_rank`` values (V is
+        empty, 0 values wide)."""
         shape = (n_slots, n_layers or hp.n_layers, n_ctx, hp.n_kv_heads, hp.head_dim)
         self.n_slots, self.n_ctx = n_slots, n_ctx
         self.dtype = KV_TYPES[kv_type_name(kv_type)]
         # Pages are mapped as they are written: an idle slot costs no RAM, a used one what it holds.
         self.k = lazy_zeros(shape, _STORED[kv_type])
-        self.v = lazy_zeros(shape, _STORED[kv_type])
+        self.v = lazy_zeros(shape[:-1] + (0 if hp.kv_lora_rank else hp.head_dim,), _STORED[kv_type])
+
+    @property
+    def bytes_per_token(self) -> int:
+        """What a position of one slot holds, every layer's key and value."""
+        per = self.k.shape[1] * self.k.shape[3] * (self.k.shape[4] + self.v.shape[4])
+        return per * self.dtype.itemsize
 
     def slot(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """One slot's K and V as arrays of the cache's type ([n_layers, n_ctx, n_kv_heads,

@@ -70,16 +70,18 @@ def warn_stderr(message: str) -> None:
 
 
 
-def layout_fingerprint(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str = "float16") -> bytes:
+def layout_fingerprint(n_layers: int, n_kv_heads: int, head_dim: int, dtype: str = "float16",
+                       keys_only: bool = False) -> bytes:
     """sha256 of the KV cache's shape per position and element type: a cache of another shape or
-    dtype (another context-independent layout) must not be filled from this file."""
+    dtype (another context-independent layout) must not be filled from this file. ``keys_only``:
+    a latent attention's cache, whose values are the keys' first part (an empty V)."""
     desc = f"colibri kv layout v1\0{n_layers}\0{n_kv_heads}\0{head_dim}\0{np.dtype(dtype).str}"
-    return hashlib.sha256(desc.encode()).digest()
+    return hashlib.sha256((desc + ("\0keys only" if keys_only else "")).encode()).digest()
 
 
-def _layout_of(k: np.ndarray) -> bytes:
-    """Of the K array written or filled: a file cannot name one type and hold another."""
-    return layout_fingerprint(k.shape[0], k.shape[2], k.shape[3], k.dtype.name)
+def _layout_of(k: np.ndarray, v: np.ndarray) -> bytes:
+    """Of the K and V arrays written or filled: a file cannot name one type and hold another."""
+    return layout_fingerprint(k.shape[0], k.shape[2], k.shape[3], k.dtype.name, v.shape[3] == 0)
 
 
 def _usage_fingerprint(shape: tuple[int, ...]) -> bytes:
@@ -167,8 +169,9 @@ def _check_fp(fp: bytes, what: str) -> None:
 
 
 def _check_kv_arrays(k: np.ndarray, v: np.ndarray) -> None:
-    if k.ndim != 4 or k.shape != v.shape:
-        raise ValueError(f"k {k.shape} and v {v.shape} must both be [n_layers, n_ctx, n_kv_heads, head_dim]")
+    if k.ndim != 4 or v.shape not in (k.shape, k.shape[:3] + (0,)):
+        raise ValueError(f"k {k.shape} and v {v.shape} must both be [n_layers, n_ctx, n_kv_heads, head_dim] "
+                         "(v's head_dim 0: keys only)")
     if k.dtype != v.dtype or k.dtype not in (np.float16, np.float32):
         raise ValueError(f"k and v must both be float16 or float32, not {k.dtype} and {v.dtype}")
 
@@ -215,7 +218,7 @@ def _save_kv(path: Path, magic: bytes, tokens: list[int], k: np.ndarray, v: np.n
         if meta:
             yield memoryview(meta)
 
-    _write_atomic(path, magic, model_fp, _layout_of(k), n, chunks())
+    _write_atomic(path, magic, model_fp, _layout_of(k, v), n, chunks())
 
 
 def save_usage(state_dir: Path, heat: np.ndarray, model_fp: bytes) -> None:
@@ -332,7 +335,7 @@ def load_snapshot(path: Path, model_fp: bytes, k_out: np.ndarray, v_out: np.ndar
     snapshot leaves the conversation in the cache as it was; SnapshotError says why."""
     _check_kv_arrays(k_out, v_out)
     try:
-        if not _verify(path, SNAPSHOT_MAGIC, model_fp, _layout_of(k_out)):
+        if not _verify(path, SNAPSHOT_MAGIC, model_fp, _layout_of(k_out, v_out)):
             raise _Reject("no such file")
         loaded = _load_kv(path, SNAPSHOT_MAGIC, model_fp, k_out, v_out, max_tokens, n_vocab)
     except _Reject as e:
@@ -365,7 +368,7 @@ def _load_kv(path: Path, magic: bytes, model_fp: bytes, k_out: np.ndarray, v_out
     cannot be trusted (``[:, :n]`` of the outputs zeroed once touched)."""
     _check_fp(model_fp, "model_fp")
     _check_kv_arrays(k_out, v_out)
-    layout_fp = _layout_of(k_out)
+    layout_fp = _layout_of(k_out, v_out)
     if max_tokens > k_out.shape[1]:
         raise ValueError(f"max_tokens {max_tokens} exceeds the cache's {k_out.shape[1]} positions")
     n = 0
@@ -378,8 +381,8 @@ def _load_kv(path: Path, magic: bytes, model_fp: bytes, k_out: np.ndarray, v_out
         with f:
             if n > max_tokens:
                 raise _Reject(f"{n} tokens exceed the context of {max_tokens}")
-            row_bytes = math.prod(k_out.shape[2:]) * k_out.dtype.itemsize
-            want = n * TOKEN_DTYPE.itemsize + 2 * k_out.shape[0] * n * row_bytes
+            row_bytes = (math.prod(k_out.shape[2:]) + math.prod(v_out.shape[2:])) * k_out.dtype.itemsize
+            want = n * TOKEN_DTYPE.itemsize + k_out.shape[0] * n * row_bytes
             extra = MAX_SNAPSHOT_META if magic == SNAPSHOT_MAGIC else 0
             if not want <= length <= want + extra:
                 raise _Reject(f"payload of {length} bytes does not match {n} tokens of this layout ({want})")

@@ -2,7 +2,8 @@
 
 The cache holds every slot's keys and values: ``k_cache[slot, layer, position, kv_head, dim]``, as
 halves (``colibri.store.halves``: uint16 bits, rounded when a row is stored, widened when it is
-read) or float32.
+read) or float32. A latent attention's cache (MLA) holds keys only, ``v_cache`` 0 values wide: a
+token's value is its key's first values (the latent), as many as ``out`` has per head.
 A forward step is a ragged batch: row t belongs to slot ``slots[t]`` at position ``positions[t]``,
 so one call serves a prefill (many rows, one slot), a batched decode (one row per slot) or both.
 Rows first write their key and value, then attend causally to positions ``0..positions[t]`` of
@@ -54,12 +55,14 @@ def store_kv(
     for t in range(k.shape[0]):
         if not (0 <= slots[t] < k_cache.shape[0] and 0 <= positions[t] < k_cache.shape[2]):
             raise IndexError("store_kv: a row's slot or position is outside the KV cache")
+    keys_only = v_cache.shape[4] == 0  # (MLA: the values are the keys' latent)
     for t in range(k.shape[0]):
         s, p = slots[t], positions[t]
         for h in range(n_kv):
             for d in range(head_dim):
                 k_cache[s, layer, p, h, d] = stored(k_cache, k[t, h * head_dim + d])
-                v_cache[s, layer, p, h, d] = stored(v_cache, v[t, h * head_dim + d])
+                if not keys_only:
+                    v_cache[s, layer, p, h, d] = stored(v_cache, v[t, h * head_dim + d])
 
 
 # Query heads of one kv head taken together (grouped-query attention): each key and value is
@@ -152,10 +155,11 @@ def _weighted(values, e, m: int, n: int, at0: int, stride: int, c: int, head_dim
 
 @nb.njit(**KERNEL)
 def _attend_heads(q: np.ndarray, keys: np.ndarray, values: np.ndarray, lo: int, n: int, h0: int,
-                  m: int, kh: int, scale: float, out: np.ndarray) -> None:
-    """Query heads ``h0 .. h0 + m`` of one row (``q``; ``out``: its output, [1, n_heads * dim])
-    against kv head ``kh`` of its slot and layer (``keys``, ``values``: [position, kv_head, dim])
-    over positions ``lo..lo+n-1``: ``out = softmax(scale · q·K) · V`` per head."""
+                  m: int, kh: int, scale: float, out: np.ndarray, v_dim: int) -> None:
+    """Query heads ``h0 .. h0 + m`` of one row (``q``; ``out``: its output, [1, n_heads * v_dim])
+    against kv head ``kh`` of its slot and layer (``keys``, ``values``: [position, kv_head, dim],
+    the same layout; a value is its first ``v_dim`` values) over positions ``lo..lo+n-1``:
+    ``out = softmax(scale · q·K) · V`` per head."""
     head_dim, stride = keys.shape[2], keys.shape[1] * keys.shape[2]
     scale32 = np.float32(scale)
     scores, e = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
@@ -171,13 +175,13 @@ def _attend_heads(q: np.ndarray, keys: np.ndarray, values: np.ndarray, lo: int, 
     inv = np.empty(HEADS, np.float32)
     for j in range(m):
         inv[j] = np.float32(1.0) / exp_from_peak(scores[j], e[j])
-    for c in range(0, head_dim, 2 * LANES):
-        sums8 = _weighted(values, e, m, n, lo * stride + kh * head_dim, stride, c, head_dim)
+    for c in range(0, v_dim, 2 * LANES):
+        sums8 = _weighted(values, e, m, n, lo * stride + kh * head_dim, stride, c, v_dim)
         for j in range(m):
-            at = q0 + j * head_dim + c
-            store_floats(out, 0, at, mul_float(sums8[2 * j], splat_float(inv[j])), head_dim - c)
+            at = (h0 + j) * v_dim + c
+            store_floats(out, 0, at, mul_float(sums8[2 * j], splat_float(inv[j])), v_dim - c)
             store_floats(out, 0, at + LANES, mul_float(sums8[2 * j + 1], splat_float(inv[j])),
-                         head_dim - c - LANES)
+                         v_dim - c - LANES)
 
 
 @nb.njit(parallel=True, **KERNEL)
@@ -192,14 +196,16 @@ def _rows_parallel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, laye
     67-75 us with a head an item, 16 heads of 128 over 4 kv heads)."""
     t_rows, n_kv = q.shape[0], n_heads // group
     blocks = (group + HEADS - 1) // HEADS  # of each kv head's query heads
+    v_dim = out.shape[1] // n_heads
+    values = v_cache if v_cache.shape[4] > 0 else k_cache  # keys only (MLA): the value is the latent
     for item in nb.prange(t_rows * n_kv * blocks):
         b, t = item // t_rows, item % t_rows
         kh, j0 = b // blocks, b % blocks * HEADS
         s, lo = slots[t], 0
         if window > 0:
             lo = max(0, positions[t] + 1 - window)
-        _attend_heads(q[t], k_cache[s, layer], v_cache[s, layer], lo, positions[t] + 1 - lo,
-                      kh * group + j0, min(HEADS, group - j0), kh, scale, out[t : t + 1])
+        _attend_heads(q[t], k_cache[s, layer], values[s, layer], lo, positions[t] + 1 - lo,
+                      kh * group + j0, min(HEADS, group - j0), kh, scale, out[t : t + 1], v_dim)
 
 
 @nb.njit(**KERNEL)
@@ -209,9 +215,11 @@ def attend(
     scale: float = 0.0, window: int = 0,
 ) -> None:
     """``out[t, head] = softmax(scale · q·K) · V`` over the row's slot, causally; ``scale`` 0:
-    ``1 / sqrt(head_dim)``. ``window`` > 0: a row at position p attends to positions
-    ``p - window + 1 .. p`` only (sliding-window layers: the work of a row is bounded by the
-    window, whatever the context), as llama.cpp's standard SWA masks them.
+    ``1 / sqrt(head_dim)``. ``out`` is [rows, n_heads * v_dim]: a value's width (the keys' where
+    the cache has values; a latent's, the keys' first v_dim values, where it holds keys only).
+    ``window`` > 0: a row at position p attends to positions ``p - window + 1 .. p`` only
+    (sliding-window layers: the work of a row is bounded by the window, whatever the context), as
+    llama.cpp's standard SWA masks them.
 
     Every row, decode or prompt, is computed on its own by the same compiled loop whatever the
     batch, so its bits are too: a prompt run whole, in chunks or token by token gives bitwise

@@ -4,6 +4,7 @@ and one small subclass per architecture family. The model's insides: only ``coli
 modules import from here; the engine sees a loaded model through ``colibri.model.interface``."""
 
 from colibri.model.network.decoder import Decoder
+from colibri.model.network.deepseek2 import Deepseek2Decoder
 from colibri.model.network.dense import Phi3Decoder, Qwen2Decoder, Qwen3Decoder
 from colibri.model.network.gemma3 import Gemma3Decoder
 from colibri.model.network.glm4moe import Glm4MoeDecoder
@@ -22,6 +23,7 @@ ARCHITECTURES: dict[str, type[Decoder]] = {
     "qwen3moe": Qwen3MoeDecoder,
     "glm4moe": Glm4MoeDecoder,
     "olmoe": OlmoeDecoder,
+    "deepseek2": Deepseek2Decoder,
 }
 
 __all__ = ["ARCHITECTURES", "Decoder"]

@@ -36,6 +36,7 @@ from colibri.model.network.layers import (
 from colibri.model.network.moe import GATING_SOFTMAX, load_moe_ffn, routing
 from colibri.model.network.nextn import NextN
 from colibri.model.network.weights import named_norm, optional_vector
+from colibri.model.yarn import yarn_divisors, yarn_magnitude
 from colibri.store.experts import Budget, ExpertStore
 from colibri.store.gguf import GGUFError, GGUFFile
 
@@ -80,6 +81,14 @@ class Decoder:
     # ignores phi3's, and reads none for llama or qwen2).
     SWA_PERIOD: int | None = None
     NEXTN = False  # runs the file's next-token-prediction (MTP) layer, where it has one (``nextn.py``)
+    # The attention half's compiled calls: a dense layer whole, and a MoE layer's first half (one
+    # pair for every attention of ``layers.py``; ``mla.py`` has latent attention's).
+    DENSE_LAYER = staticmethod(dense_layer)
+    ATTENTION_THEN_NORM = staticmethod(attention_then_norm)
+
+    def load_attention(self, gguf: GGUFFile, i: int, hp: HParams) -> Any:
+        """Layer i's attention weights, as ``DENSE_LAYER`` and ``ATTENTION_THEN_NORM`` take them."""
+        return load_attention(gguf, i, hp, self.ATTN_POST_NORM)
 
     def is_moe(self, gguf: GGUFFile, hp: HParams, layer: int) -> bool:
         return f"blk.{layer}.ffn_gate_inp.weight" in gguf.tensors
@@ -120,7 +129,7 @@ class Decoder:
         (``nextn``: its weights and experts; its K/V layer is the cache's whether loaded or not)."""
         self.hp = hp
         has_nextn = self.NEXTN and hp.n_nextn > 0
-        self.kv_layers = hp.n_layers + has_nextn  # the NextN layer's K/V: the last
+        self.kv_layers = hp.kv_layers  # a NextN layer's K/V: the last
         n_run = hp.n_layers + (has_nextn and mtp)  # the layers loaded: the NextN one last
         self.embedding = Embedding(gguf, hp.n_embd)
         if (why := hp.unsupported_rope()) is not None:
@@ -133,6 +142,8 @@ class Decoder:
         short = optional_vector(gguf, "rope_freqs.weight")
         if short.shape[0] == 0:
             short = optional_vector(gguf, "rope_factors_short.weight")
+        if hp.rope_scaling == "yarn":
+            short = yarn_divisors(hp).astype(np.float32)
         long = optional_vector(gguf, "rope_factors_long.weight")
         if hp.rope_scaling == "longrope" and long.shape[0] == 0:
             raise GGUFError(f"{gguf.path}: RoPE scaling 'longrope' without its factors (rope_factors_long)")
@@ -141,7 +152,7 @@ class Decoder:
         self.shapes, self.inv_freq, self.inv_freq_long = [], [], []
         for i in range(n_run):
             p = f"blk.{i}."
-            self.attn.append(load_attention(gguf, i, hp, self.ATTN_POST_NORM))
+            self.attn.append(self.load_attention(gguf, i, hp))
             norms = FFNNorms(named_norm(gguf, p, self.FFN_NORM), named_norm(gguf, p, self.FFN_POST_NORM))
             self.ffn_norm.append(norms)
             moe = self.is_moe(gguf, hp, i)
@@ -153,19 +164,19 @@ class Decoder:
             window = hp.sliding_window if self.is_sliding(hp, i) else 0
             self.shapes.append(LayerShape(hp.n_heads, hp.n_kv_heads, hp.head_dim, float(hp.norm_eps),
                                           self.NEOX, float(self.query_scale(hp)), window, self.GELU,
-                                          float(hp.rope_attn_factor)))
+                                          float(hp.rope_attn_factor * yarn_magnitude(hp))))
             self.inv_freq.append(self.layer_frequencies(hp, i, short.astype(np.float64)))
             self.inv_freq_long.append(self.layer_frequencies(hp, i, long.astype(np.float64)))
         if long.shape[0] == 0:
             self.inv_freq_long = self.inv_freq
         def alike(n: int) -> bool:  # the first n layers' arguments type alike
-            return all(same_types(dense_layer, values[:n]) for values in (
+            return all(same_types(self.DENSE_LAYER, values[:n]) for values in (
                 self.attn, self.ffn_norm, [f for f in self.ffn[:n] if f is not None], self.shapes,
                 self.inv_freq[:n] + self.inv_freq_long[:n]))
 
         main = alike(hp.n_layers)
-        self.dense_layer = Entry(dense_layer) if main else dense_layer
-        self.attention_then_norm = Entry(attention_then_norm) if main else attention_then_norm
+        self.dense_layer = Entry(self.DENSE_LAYER) if main else self.DENSE_LAYER
+        self.attention_then_norm = Entry(self.ATTENTION_THEN_NORM) if main else self.ATTENTION_THEN_NORM
         # the NextN layer through the entry points only where its weights type as the others'
         self._nextn_entries = main and alike(n_run)
         self.step_times = StepTimes()
@@ -222,12 +233,12 @@ class Decoder:
         args = (self.shapes[i], kv.k, kv.v, i, slots, positions, inv_freq[i], n_direct)
         entries = i < self.hp.n_layers or self._nextn_entries
         if self.moe[i] is None:
-            dense = self.dense_layer if entries else dense_layer
+            dense = self.dense_layer if entries else self.DENSE_LAYER
             dense(x, self.attn[i], self.ffn_norm[i], self.ffn[i], *args)
             return 0.0
         h = np.empty_like(x) if h is None else h
         t0 = time.perf_counter()
-        attend = self.attention_then_norm if entries else attention_then_norm
+        attend = self.attention_then_norm if entries else self.ATTENTION_THEN_NORM
         attend(x, self.attn[i], self.ffn_norm[i], *args, h)
         t_attn = time.perf_counter() - t0
         add_into(x, self.moe[i](h, n_direct))

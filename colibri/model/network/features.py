@@ -35,6 +35,8 @@ def features(gguf: GGUFFile, hp: HParams, arch: type[Decoder]) -> list[str]:
         out.append(f"partial rotary ({hp.rope_dim} of {hp.head_dim})")
     if hp.rope_linear != 1.0:
         out.append(f"linear rope scaling x{hp.rope_linear:g}")
+    if hp.rope_scaling == "yarn":
+        out.append(f"YaRN rope scaling x{hp.rope_factor:g} from {hp.n_ctx_orig} positions")
     if "rope_freqs.weight" in gguf.tensors:
         out.append("rope frequency factors (Llama 3 scaling)")
     if "rope_factors_long.weight" in gguf.tensors:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from colibri.model.reference.deepseek2 import deepseek2
 from colibri.model.reference.dense import dense, gemma3, llama
 from colibri.model.reference.moe import glm4moe, glm4moe_nextn, olmoe, qwen2moe, qwen3moe
 from colibri.model.reference.parts import rounded, softmax_routing
@@ -38,6 +39,7 @@ ARCHITECTURES: dict[str, Callable[[Weights, np.ndarray], np.ndarray]] = {
     "qwen3moe": qwen3moe,
     "glm4moe": glm4moe,
     "olmoe": olmoe,
+    "deepseek2": deepseek2,
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from colibri.model.reference.weights import Weights
+from colibri.model.reference.weights import Config, Weights
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -44,6 +44,34 @@ def rope(x: np.ndarray, head_dim: int, rope_dim: int, base: float, neox: bool,
     else:
         heads[..., 0:rope_dim:2], heads[..., 1:rope_dim:2] = a, b
     return heads.reshape(x.shape)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """transformers' ``get_mscale``: YaRN's magnitude for a context ``factor`` times longer."""
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * np.log(factor) + 1.0
+
+
+def yarn(c: Config) -> tuple[np.ndarray | float, float, float]:
+    """YaRN as transformers' ``_compute_yarn_parameters`` has it: (per-pair divisors of the inverse
+    frequencies, the rotated pairs' magnitude, q·k's scale factor). A pair turning ``beta_fast``
+    times or more over the original context keeps its frequency, ``beta_slow`` times or fewer is
+    divided by the factor, linear between. DeepSeek's files keep 0.1 * mscale_all_dim; its mscale,
+    not kept, is taken to equal it (llama.cpp's reading): magnitude 1, and q·k scaled by
+    get_mscale(factor, mscale_all_dim)². Not YaRN: (1, 1, 1)."""
+    if c.rope_type != "yarn" or c.rope_factor <= 1.0:
+        return 1.0, 1.0, 1.0
+    d, half = c.rope_dim, c.rope_dim // 2
+
+    def turns_at(n: float) -> float:
+        return d * np.log(c.n_ctx_orig / (n * 2 * np.pi)) / (2 * np.log(c.rope_base))
+
+    low, high = max(np.floor(turns_at(c.yarn_betas[0])), 0), min(np.ceil(turns_at(c.yarn_betas[1])), d - 1)
+    ramp = np.clip((np.arange(half) - low) / (high - low if high > low else 0.001), 0.0, 1.0)
+    extrapolated = 1.0 - ramp
+    inv = (1.0 - extrapolated) / c.rope_factor + extrapolated  # times the unscaled inverse frequency
+    if c.yarn_log_mul:
+        return 1.0 / inv, 1.0, yarn_mscale(c.rope_factor, c.yarn_log_mul / 0.1) ** 2
+    return 1.0 / inv, yarn_mscale(c.rope_factor), 1.0
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, n_heads: int, n_kv_heads: int,
@@ -184,12 +212,14 @@ def self_attention(w: Weights, p: str, x: np.ndarray, neox: bool, qk_norm: bool 
     if qk_norm:
         q = span_norm(q, w[p + "attn_q_norm.weight"], c.eps)
         k = span_norm(k, w[p + "attn_k_norm.weight"], c.eps)
-    base, divisors = (c.rope_base_swa, 1.0) if local else (c.rope_base, c.rope_linear)
+    divisors_yarn, magnitude, _ = yarn(c)
+    base, divisors = (c.rope_base_swa, 1.0) if local else (c.rope_base, c.rope_linear * divisors_yarn)
     phi = "rope_factors_long" if x.shape[0] > c.n_ctx_orig else "rope_factors_short"
     for factors in ("rope_freqs.weight", phi + ".weight"):  # Llama 3's; Phi's long RoPE, by length
         if factors in w:
             divisors = divisors * w[factors]
-    q = rope(q, c.head_dim, c.rope_dim, base, neox=neox, divisors=divisors, mscale=c.rope_attn)
-    k = rope(k, c.head_dim, c.rope_dim, base, neox=neox, divisors=divisors, mscale=c.rope_attn)
+    mscale = c.rope_attn * (1.0 if local else magnitude)
+    q = rope(q, c.head_dim, c.rope_dim, base, neox=neox, divisors=divisors, mscale=mscale)
+    k = rope(k, c.head_dim, c.rope_dim, base, neox=neox, divisors=divisors, mscale=mscale)
     out = attention(q, k, v, c.n_heads, c.n_kv_heads, c.attn_scale, c.window if local else 0)
     return out @ w[p + "attn_output.weight"].T

@@ -37,6 +37,13 @@ class Config:
     attn_scale: float  # of q·k (0: 1/sqrt(head_dim)); Gemma 3's 27B has its own
     rope_attn: float  # rope.scaling.attn_factor: q and k times it, after RoPE (Phi's long RoPE)
     n_ctx_orig: int  # rope.scaling.original_context_length: longer sequences take the long factors
+    gating: int  # expert_gating_func: 1 softmax, 2 sigmoid (0: the architecture's own)
+    kv_lora: int  # attention.kv_lora_rank: MLA's latent per token (0: not MLA)
+    k_mla: int  # attention.key_length_mla: an MLA query head's key (its nope and rope parts)
+    rope_type: str  # rope.scaling.type ("linear" where the file says none, llama.cpp's reading)
+    rope_factor: float  # rope.scaling.factor (1: none)
+    yarn_betas: tuple[float, float]  # rope.scaling.yarn_beta_fast and _slow: YaRN's blend's ends
+    yarn_log_mul: float  # rope.scaling.yarn_log_multiplier: DeepSeek's 0.1 * mscale_all_dim
 
 
 class Weights:
@@ -80,6 +87,14 @@ class Weights:
             attn_scale=0.0,
             rope_attn=float(opt("rope.scaling.attn_factor", 1.0)),
             n_ctx_orig=opt("rope.scaling.original_context_length", opt("context_length", 0)),
+            gating=opt("expert_gating_func"),
+            kv_lora=opt("attention.kv_lora_rank"),
+            k_mla=opt("attention.key_length_mla"),
+            rope_type=opt("rope.scaling.type", "linear"),
+            rope_factor=float(opt("rope.scaling.factor", 0.0) or 1.0),
+            yarn_betas=(float(opt("rope.scaling.yarn_beta_fast", 32.0)),
+                        float(opt("rope.scaling.yarn_beta_slow", 1.0))),
+            yarn_log_mul=float(opt("rope.scaling.yarn_log_multiplier", 0.0)),
         )
 
     def meta(self, key: str, default: object = _REQUIRED) -> object:
