@@ -23,7 +23,7 @@ def anon():
             return int(line.split()[1]) * 1024
 
 class HP:  # the default model's attention shape
-    n_layers, n_kv_heads, head_dim = 30, 3, 64
+    n_layers, n_kv_heads, head_dim, kv_lora_rank = 30, 3, 64, 0
 
 kv = KVCache(HP, 8, 4096)
 before = anon()

@@ -24,6 +24,7 @@ from colibri.store.gguf import GGUFFile
 
 DATA = Path(__file__).parent / "data" / "tiny_hf"
 ARCHS = ["deepseek2", "deepseek3", "deepseek3_yarn"]
+ENGINE_ARCHS = ARCHS[:2]  # (the YaRN file's cache is deepseek3's: its rope is test_moe_models')
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ async def _turn(engine: EngineProcess, rid: int, ids: list[int], max_tokens: int
     return out.text, next(e for e in out.events if isinstance(e, Perf))
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ENGINE_ARCHS)
 async def test_a_persisted_latent_slot_continues_after_a_restart(arch, files, nursery, tmp_path):
     """Turn one (the reference prompt and its greedy continuation, up to the tokenizer's end of turn
     where the model draws it) is saved; a restarted engine reuses it for turn two and answers as an
@@ -101,7 +102,7 @@ async def test_a_persisted_latent_slot_continues_after_a_restart(arch, files, nu
     assert restored == plain and first
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ENGINE_ARCHS)
 async def test_sixteen_latent_slots_at_once_give_what_each_gives_alone(arch, files, nursery):
     path = files[arch, "q8_0"]
     rng = np.random.default_rng(3)
