@@ -23,7 +23,7 @@ from __future__ import annotations
 import gguf
 
 from colibri.convert.checkpoint_config import Config, ConvertError
-from colibri.convert.moe import EXPERT_COUNT_KEYS, experts, moe_metadata, router
+from colibri.convert.moe import EXPERT_COUNT_KEYS, experts, moe_metadata, router, shared_experts_metadata
 from colibri.convert.plan import Builder, Dims, K, T, V, common_metadata, dense_ffn, embeddings, tensor_name
 
 # What transformers' classes assume where a checkpoint's config.json does not say (the models'
@@ -66,12 +66,7 @@ def plan_deepseek2(b: Builder, cfg: Config, d: Dims) -> None:
         plan.kv(K.Rope.SCALING_YARN_LOG_MUL, 0.1 * float(mscale_all), V.FLOAT32)
     moe_metadata(plan, n_expert, cfg.int("num_experts_per_tok"), SCORING[scoring],
                  bool(cfg.get("norm_topk_prob", False)))
-    plan.kv(K.LLM.EXPERT_FEED_FORWARD_LENGTH, n_ff_exp, V.UINT32)
-    plan.kv(K.LLM.EXPERT_SHARED_COUNT, n_shared, V.UINT32)
-    plan.kv(K.LLM.LEADING_DENSE_BLOCK_COUNT, n_dense, V.UINT32)
-    plan.kv(K.LLM.EXPERT_WEIGHTS_SCALE, float(cfg.get("routed_scaling_factor", 1.0)), V.FLOAT32)
-    plan.kv(K.LLM.EXPERT_GROUP_COUNT, n_group, V.UINT32)
-    plan.kv(K.LLM.EXPERT_GROUP_USED_COUNT, n_group_used, V.UINT32)
+    shared_experts_metadata(plan, cfg, n_ff_exp, n_shared, n_dense, (n_group, n_group_used))
     embeddings(b, cfg, d)
     for i in range(d.n_layer):
         p = f"model.layers.{i}"

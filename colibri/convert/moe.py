@@ -41,6 +41,18 @@ def moe_metadata(plan: Plan, n_expert: int, n_used: int, gating: gguf.ExpertGati
     plan.kv(K.LLM.EXPERT_WEIGHTS_NORM, bool(norm), V.BOOL)
 
 
+def shared_experts_metadata(plan: Plan, cfg: Config, n_ff_exp: int, n_shared: int, n_dense: int,
+                            groups: tuple[int, int]) -> None:
+    """What GLM-4.5's and DeepSeek's layouts say beside the routing: the expert width, the shared
+    experts, the leading dense layers, the routed scaling factor, the groups (count, used)."""
+    plan.kv(K.LLM.EXPERT_FEED_FORWARD_LENGTH, n_ff_exp, V.UINT32)
+    plan.kv(K.LLM.EXPERT_SHARED_COUNT, n_shared, V.UINT32)
+    plan.kv(K.LLM.LEADING_DENSE_BLOCK_COUNT, n_dense, V.UINT32)
+    plan.kv(K.LLM.EXPERT_WEIGHTS_SCALE, float(cfg.get("routed_scaling_factor", 1.0)), V.FLOAT32)
+    plan.kv(K.LLM.EXPERT_GROUP_COUNT, groups[0], V.UINT32)
+    plan.kv(K.LLM.EXPERT_GROUP_USED_COUNT, groups[1], V.UINT32)
+
+
 def experts(b: Builder, i: int, n_expert: int, n_embd: int, n_ff: int, per_expert: str,
             proj_names: tuple[str, str, str]) -> None:
     """The three stacked expert tensors of layer ``i``, from per-expert tensors named
@@ -142,12 +154,7 @@ def plan_glm4moe(b: Builder, cfg: Config, d: Dims) -> None:
     common_metadata(plan, cfg, d, n_blocks, rope_dim)
     moe_metadata(plan, n_expert, cfg.int("num_experts_per_tok"), gguf.ExpertGatingFuncType.SIGMOID,
                  bool(cfg.get("norm_topk_prob", True)))
-    plan.kv(K.LLM.EXPERT_FEED_FORWARD_LENGTH, n_ff_exp, V.UINT32)
-    plan.kv(K.LLM.EXPERT_SHARED_COUNT, n_shared, V.UINT32)
-    plan.kv(K.LLM.LEADING_DENSE_BLOCK_COUNT, n_dense, V.UINT32)
-    plan.kv(K.LLM.EXPERT_WEIGHTS_SCALE, float(cfg.get("routed_scaling_factor", 1.0)), V.FLOAT32)
-    plan.kv(K.LLM.EXPERT_GROUP_COUNT, n_group, V.UINT32)
-    plan.kv(K.LLM.EXPERT_GROUP_USED_COUNT, n_group_used, V.UINT32)
+    shared_experts_metadata(plan, cfg, n_ff_exp, n_shared, n_dense, (n_group, n_group_used))
     plan.kv(K.LLM.NEXTN_PREDICT_LAYERS, n_nextn, V.UINT32)
     embeddings(b, cfg, d)
     qk_norm = bool(cfg.get("use_qk_norm", False))
