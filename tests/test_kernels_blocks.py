@@ -44,8 +44,10 @@ TYPES = sorted(IN_PLACE)
 HALVES = {
     GGMLType.Q5_0: (0,), GGMLType.Q5_1: (0, 2), GGMLType.Q2_K: (80, 82), GGMLType.Q3_K: (108,),
     GGMLType.Q4_K: (0, 2), GGMLType.Q5_K: (0, 2), GGMLType.Q6_K: (208,), GGMLType.IQ4_NL: (0,),
-    GGMLType.IQ4_XS: (0,),
+    GGMLType.IQ4_XS: (0,), GGMLType.MXFP4: (),
 }
+# Byte offsets of E8M0 scales (MXFP4's): set to 2^-9 .. 2^-3, as real weights' blocks have.
+EXPONENTS = {GGMLType.MXFP4: (0,)}
 
 
 def random_rows(rng: np.random.Generator, n: int, k: int, gtype: GGMLType) -> tuple[np.ndarray, np.ndarray]:
@@ -55,6 +57,8 @@ def random_rows(rng: np.random.Generator, n: int, k: int, gtype: GGMLType) -> tu
     for at in HALVES[gtype]:
         scales = (rng.uniform(0.002, 0.02, len(blocks)) * rng.choice([-1, 1], len(blocks))).astype(np.float16)
         blocks[:, at : at + 2] = scales.view(np.uint8).reshape(-1, 2)
+    for at in EXPONENTS.get(gtype, ()):
+        blocks[:, at] = rng.integers(119, 126, len(blocks))
     raw = blocks.reshape(n, -1)
     ref = gguf.quants.dequantize(raw.reshape(-1), gguf.GGMLQuantizationType(int(gtype)))
     return raw, ref.astype(np.float32).reshape(n, k)

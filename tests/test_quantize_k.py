@@ -29,6 +29,7 @@ TYPES: dict[str, tuple[int, int, Callable[[np.ndarray], np.ndarray]]] = {
     "q4_K": (256, 144, quantize_k.quantize_q4_k),
     "q5_K": (256, 176, quantize_k.quantize_q5_k),
     "q6_K": (256, 210, quantize_k.quantize_q6_k),
+    "mxfp4": (32, 17, quantize_k.quantize_mxfp4),
 }
 BLOCKS = 64  # blocks of 256 values per distribution (8x as many 32-blocks)
 

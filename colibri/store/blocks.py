@@ -3,17 +3,20 @@
 reference every format's kernels and packings are tested against.
 
 Q5_0/Q5_1, the K-quants (Q2_K … Q6_K, 256-value super-blocks of 16- or 32-value sub-blocks with
-their own 4- to 8-bit scales) and the IQ4 grids do not fit the packed layout's ``d * q + m`` per
-32-value block, and packing them would make a copy bigger than the file. So the kernels read the
-file's blocks as they are (a matrix's rows, ``Kind.BLOCKS`` in ``formats.py``) and decode a few rows
-at a time into a small float32 tile (``colibri.model.kernels.quant_matmul``). The layouts are
-llama.cpp's ``ggml-common.h``; the arithmetic follows its ``dequantize_row_*`` so values agree with
-the file's reference dequantizer to float32 rounding.
+their own 4- to 8-bit scales), the IQ4 grids and MXFP4 (E2M1 values, an E8M0 scale) do not fit the
+packed layout's ``d * q + m`` per 32-value block, and packing them would make a copy bigger than the
+file. So the kernels read the file's blocks as they are (a matrix's rows, ``Kind.BLOCKS`` in
+``formats.py``) and decode a few rows at a time into a small float32 tile
+(``colibri.model.kernels.quant_matmul``). The layouts are llama.cpp's ``ggml-common.h``; the
+arithmetic follows its ``dequantize_row_*`` so values agree with the file's reference dequantizer to
+float32 rounding.
 
 Halves are widened by ``halves.half``; the geometry and the compile options are ``numerics``'.
 """
 
 from __future__ import annotations
+
+import math
 
 import numba as nb
 import numpy as np
@@ -21,6 +24,7 @@ import numpy as np
 from colibri.store.formats import FORMATS, GGMLType, Kind
 from colibri.store.halves import half
 from colibri.store.numerics import BLOCK, KERNEL, QK_K
+from colibri.store.quantize_k import MXFP4_GRID
 
 # The non-linear 4-bit grid of IQ4_NL and IQ4_XS (ggml-common.h's kvalues_iq4nl).
 IQ4_GRID = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
@@ -30,11 +34,12 @@ T_Q5_0, T_Q5_1 = int(GGMLType.Q5_0), int(GGMLType.Q5_1)
 T_Q2_K, T_Q3_K, T_Q4_K = int(GGMLType.Q2_K), int(GGMLType.Q3_K), int(GGMLType.Q4_K)
 T_Q5_K, T_Q6_K = int(GGMLType.Q5_K), int(GGMLType.Q6_K)
 T_IQ4_NL, T_IQ4_XS = int(GGMLType.IQ4_NL), int(GGMLType.IQ4_XS)
+T_MXFP4 = int(GGMLType.MXFP4)
 _SIZE = {t: FORMATS[GGMLType(t)].nbytes for t in (T_Q5_0, T_Q5_1, T_Q2_K, T_Q3_K, T_Q4_K, T_Q5_K,
-                                                   T_Q6_K, T_IQ4_NL, T_IQ4_XS)}
+                                                   T_Q6_K, T_IQ4_NL, T_IQ4_XS, T_MXFP4)}
 Q5_0_SIZE, Q5_1_SIZE, Q2_K_SIZE, Q3_K_SIZE = _SIZE[T_Q5_0], _SIZE[T_Q5_1], _SIZE[T_Q2_K], _SIZE[T_Q3_K]
 Q4_K_SIZE, Q5_K_SIZE, Q6_K_SIZE = _SIZE[T_Q4_K], _SIZE[T_Q5_K], _SIZE[T_Q6_K]
-IQ4_NL_SIZE, IQ4_XS_SIZE = _SIZE[T_IQ4_NL], _SIZE[T_IQ4_XS]
+IQ4_NL_SIZE, IQ4_XS_SIZE, MXFP4_SIZE = _SIZE[T_IQ4_NL], _SIZE[T_IQ4_XS], _SIZE[T_MXFP4]
 # The formats decoded here.
 IN_PLACE = frozenset(GGMLType(t) for t in _SIZE)
 # The packed and float formats, for ``dequantize_row`` (embeddings, norms, widened matrices).
@@ -210,6 +215,25 @@ def _iq4(w: np.ndarray, out: np.ndarray, xs: bool) -> None:
                 out[y + j + 16] = dl * IQ4_GRID[v >> 4]
 
 
+@nb.njit(inline="always", **KERNEL)
+def e8m0_half(byte: np.uint8) -> np.float32:
+    """An MXFP4 block's scale: its E8M0 exponent byte e as 2^(e - 128) (``GGML_E8M0_TO_FP32_HALF``:
+    the grid is E2M1 doubled), exact for every byte, the two smallest float32 denormals."""
+    return np.float32(math.ldexp(1.0, np.int64(byte) - 128))
+
+
+@nb.njit(**KERNEL)
+def _mxfp4(w: np.ndarray, out: np.ndarray) -> None:
+    """MXFP4: e, qs[16] per 32 values, quant j in the low nibble of byte j, j + 16 in the high one."""
+    for b in range(out.shape[0] // BLOCK):
+        base = b * MXFP4_SIZE
+        d = e8m0_half(w[base])
+        for j in range(16):
+            v = np.int64(w[base + 1 + j])
+            out[b * BLOCK + j] = d * MXFP4_GRID[v & 0xF]
+            out[b * BLOCK + j + 16] = d * MXFP4_GRID[v >> 4]
+
+
 @nb.njit(**KERNEL)
 def decode_row(w: np.ndarray, gtype: int, out: np.ndarray) -> bool:
     """Decode one raw row ``w`` of an in-place format into ``out``; False for any other type."""
@@ -225,6 +249,8 @@ def decode_row(w: np.ndarray, gtype: int, out: np.ndarray) -> bool:
         _q3_k(w, out)
     elif gtype == T_Q6_K:
         _q6_k(w, out)
+    elif gtype == T_MXFP4:
+        _mxfp4(w, out)
     else:
         return False
     return True

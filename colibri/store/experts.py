@@ -74,7 +74,10 @@ _PAGE = mmap.PAGESIZE
 # sub-scaled), value by value. The lanes kernel was 1.5-3x the speed of integer dot products on
 # Q4_K and Q6_K blocks in place (a kernel since removed), and is ~10x ``block_matmul``'s on Q5_0
 # (docs/performance.md).
-STORE_LANES = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q5_0, GGMLType.Q5_1})
+# MXFP4 (gpt-oss) goes into Q5 lanes, its grid's 25 levels shifted to 4..28: 1.41x its file bytes
+# (a float32 scale per block where the file has an exponent byte), for the integer kernels.
+STORE_LANES = frozenset({GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K, GGMLType.Q5_0, GGMLType.Q5_1,
+                         GGMLType.MXFP4})
 
 
 # One routed expert: gate rows then up rows (n_ff_exp * 2 rows of n_embd), and down (n_embd rows

@@ -18,6 +18,7 @@ import numpy as np
 
 from colibri.store.numerics import BLOCK, QK_K
 from colibri.store.quantize_k import (
+    quantize_mxfp4,
     quantize_q4_0,
     quantize_q4_1,
     quantize_q4_k,
@@ -63,6 +64,7 @@ class GGMLType(enum.IntEnum):
     BF16 = 30
     TQ1_0 = 34
     TQ2_0 = 35
+    MXFP4 = 39
 
 
 class Kind(enum.IntEnum):
@@ -186,6 +188,8 @@ FORMATS: dict[GGMLType, BlockFormat] = _table(
     BlockFormat(GGMLType.Q6_K, QK_K, 210, Kind.BLOCKS, quantize=quantize_q6_k),
     BlockFormat(GGMLType.IQ4_NL, BLOCK, 18, Kind.BLOCKS),
     BlockFormat(GGMLType.IQ4_XS, QK_K, 136, Kind.BLOCKS),
+    # gpt-oss's experts: an E8M0 scale byte, then 16 bytes of E2M1 nibbles (OCP microscaling).
+    BlockFormat(GGMLType.MXFP4, BLOCK, 17, Kind.BLOCKS, quantize=quantize_mxfp4),
     # Known sizes only: listed and bounds-checked, not computed on.
     BlockFormat(GGMLType.Q8_1, BLOCK, 40),
     BlockFormat(GGMLType.Q8_K, QK_K, 292),

@@ -4,12 +4,13 @@ The packed layout (``packed.py``) computes on an unsigned quant per value with a
 offset m per 32-value block; its direct path is 5-20x faster than decoding the file's blocks to
 float on every step (docs/performance.md). Every format whose scales are per 32 values fits it
 exactly: Q5_0/Q5_1 (5-bit quants), Q4_K/Q5_K (a super-block's 6-bit scale and min per 32 values,
-multiplied out: d' = d * sc, m' = -dmin * mn), and IQ4_NL/IQ4_XS (the grid's value plus 128, and
-m = -128 d). Q2_K, Q3_K and Q6_K scale every 16 values: they pack into Q8 with 16-value blocks
-(``lane_row16``; a stack mixing them with the others takes 16-value blocks throughout, a 32-value
-block's scale written twice). The K-quants' scales are also given as the file keeps them
-(``sub_scales``: d per super-block, the file's half widened, and an integer per block), which the
-packing keeps instead of a float32 per block where every part is a K-quant.
+multiplied out: d' = d * sc, m' = -dmin * mn), IQ4_NL/IQ4_XS and MXFP4 (the grid's value plus 128,
+and m = -128 d; MXFP4's 25 levels also fit Q5 lanes). Q2_K, Q3_K and Q6_K scale every 16 values:
+they pack into Q8 with 16-value blocks (``lane_row16``; a stack mixing them with the others takes
+16-value blocks throughout, a 32-value block's scale written twice). The K-quants' scales are also
+given as the file keeps them (``sub_scales``: d per super-block, the file's half widened, and an
+integer per block), which the packing keeps instead of a float32 per block where every part is a
+K-quant.
 
 ``lane_row`` turns one raw row into quants, scales and offsets, with the decoders' arithmetic
 (``blocks.py``), so that ``d * q + m`` is the decoded value to float32 rounding. Q4_0, Q4_1 and
@@ -24,6 +25,7 @@ import numpy as np
 from colibri.store.blocks import (
     IQ4_NL_SIZE,
     IQ4_XS_SIZE,
+    MXFP4_SIZE,
     Q2_K_SIZE,
     Q3_K_SIZE,
     Q4_K_SIZE,
@@ -33,6 +35,7 @@ from colibri.store.blocks import (
     Q6_K_SIZE,
     T_IQ4_NL,
     T_IQ4_XS,
+    T_MXFP4,
     T_Q2_K,
     T_Q3_K,
     T_Q4_K,
@@ -44,6 +47,7 @@ from colibri.store.blocks import (
     _q6_k_scale,
     _scale_min_k4,
     _u32,
+    e8m0_half,
     iq4_sub_block,
 )
 from colibri.store.formats import FORMATS, GGMLType
@@ -55,15 +59,18 @@ Q4_0_SIZE, Q4_1_SIZE, Q8_0_SIZE = (FORMATS[GGMLType(t)].nbytes for t in (T_Q4_0,
 # IQ4's grid (ggml-common.h's kvalues_iq4nl) plus 128: an unsigned quant with m = -128 d.
 IQ4_GRID_U8 = (np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
                + 128).astype(np.uint8)
+# MXFP4's grid (doubled E2M1, -12..12) plus 128, as IQ4's; in Q5 lanes plus 16 (``packers.pack_fives``
+# takes 112 off, as from Q5_0's): 25 levels fit five bits.
+MXFP4_GRID_U8 = (np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]) + 128).astype(np.uint8)
 
 # The in-place formats that pack into lanes, and those of them whose quants are 4-bit (they pack
 # into Q4's nibbles; any other packs into Q8's bytes).
 SIXTEEN = frozenset({GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q6_K})  # scaled per 16 values
 LANE_TYPES = frozenset({GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.IQ4_NL,
-                        GGMLType.IQ4_XS}) | SIXTEEN
+                        GGMLType.IQ4_XS, GGMLType.MXFP4}) | SIXTEEN
 FOUR_BIT = frozenset({GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q4_K})
 # Those whose quants are 5-bit: with 4-bit ones, they pack into Q5 (nibbles and fifth bits).
-FIVE_BIT = frozenset({GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K})
+FIVE_BIT = frozenset({GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q5_K, GGMLType.MXFP4})
 # Values per block of a 16-value packing.
 HALF_BLOCK = BLOCK // 2
 
@@ -142,6 +149,18 @@ def _iq4(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray, xs: bool) -
 
 
 @nb.njit(**KERNEL)
+def _mxfp4(w: np.ndarray, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> None:
+    for b in range(d.shape[0]):
+        base = b * MXFP4_SIZE
+        d[b] = e8m0_half(w[base])
+        m[b] = np.float32(-128.0) * d[b]
+        for j in range(16):
+            v = np.int64(w[base + 1 + j])
+            q[b * BLOCK + j] = MXFP4_GRID_U8[v & 0xF]
+            q[b * BLOCK + j + 16] = MXFP4_GRID_U8[v >> 4]
+
+
+@nb.njit(**KERNEL)
 def lane_row(w: np.ndarray, gtype: int, q: np.ndarray, d: np.ndarray, m: np.ndarray) -> bool:
     """Raw row ``w`` as quants ``q`` (uint8, one per value), and per 32 values the scale ``d`` and
     offset ``m`` (float32), value = d * q + m; False for a format that does not fit."""
@@ -151,6 +170,8 @@ def lane_row(w: np.ndarray, gtype: int, q: np.ndarray, d: np.ndarray, m: np.ndar
         _q45_k(w, q, d, m, Q4_K_SIZE if gtype == T_Q4_K else Q5_K_SIZE, gtype == T_Q5_K)
     elif gtype == T_IQ4_NL or gtype == T_IQ4_XS:
         _iq4(w, q, d, m, gtype == T_IQ4_XS)
+    elif gtype == T_MXFP4:
+        _mxfp4(w, q, d, m)
     else:
         return False
     return True

@@ -169,13 +169,14 @@ def packed_nbytes(parts: list[tuple[int, int]], n_cols: int, lanes: bool | froze
 
 
 # The formats whose offset m is OFFSET_Q4 d as Q4, OFFSET_Q5 d as Q5, OFFSET_Q6 d as Q6 (Q6_K's
-# own quants, unshifted) and OFFSET_Q8 d as Q8 (Q5_0,
-# IQ4 and Q6_K through their lanes: ``lanes._legacy`` shifts Q5_0's quants to it, ``lanes._q6_k``
-# Q6_K's by 96, IQ4's grid is stored +128).
+# own quants, unshifted) and OFFSET_Q8 d as Q8 (Q5_0, IQ4, MXFP4 and Q6_K through their lanes:
+# ``lanes._legacy`` shifts Q5_0's quants to it, ``lanes._q6_k`` Q6_K's by 96, IQ4's and MXFP4's
+# grids are stored +128; MXFP4's +16 in Q5).
 OFFSETS_Q4 = frozenset({GGMLType.Q4_0})
-OFFSETS_Q5 = frozenset({GGMLType.Q5_0})
+OFFSETS_Q5 = frozenset({GGMLType.Q5_0, GGMLType.MXFP4})
 OFFSETS_Q6 = frozenset({GGMLType.Q6_K})
-OFFSETS_Q8 = frozenset({GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.Q6_K})
+OFFSETS_Q8 = frozenset({GGMLType.Q8_0, GGMLType.Q5_0, GGMLType.IQ4_NL, GGMLType.IQ4_XS, GGMLType.Q6_K,
+                        GGMLType.MXFP4})
 
 
 # The formats whose packed scales are the file's halves, bit for bit: their own kind's blocks (Q5's

@@ -42,7 +42,7 @@ Q6_VALUES = BLOCK // 2
 SIX_HIGH_BYTES = Q6_VALUES // 4
 Q6_BYTES = Q6_VALUES // 2 + SIX_HIGH_BYTES
 
-T_Q5_0 = int(GGMLType.Q5_0)
+T_Q5_0, T_MXFP4 = int(GGMLType.Q5_0), int(GGMLType.MXFP4)
 # A half's sign bit: m = -dmin is dmin's half with it flipped.
 _SIGN = np.uint16(0x8000)
 
@@ -263,13 +263,13 @@ def pack_fives(raw: np.ndarray, gtype: int, size: int, row0: int, q: np.ndarray,
                m: np.ndarray, dh: np.ndarray, mh: np.ndarray) -> None:
     """Raw rows of a Q5 or 4-bit format (``lanes.py``) into rows ``row0..`` of Q5 lanes
     (``Q5_BYTES``): the scales the file's halves where every part is one Q5_0 or Q5_1 (their d,
-    and Q5_1's min, at the block's start), else float32. Q5_0's lane quants are Q8's (``+112``):
-    moved back to 0..31, m = OFFSET_Q5 d."""
+    and Q5_1's min, at the block's start), else float32. Q5_0's and MXFP4's lane quants are Q8's
+    (``+112``): moved back to 0..31 (MXFP4's 4..28), m = OFFSET_Q5 d."""
     n_cols = q.shape[1] * BLOCK
     qs = np.empty(n_cols, np.uint8)
     ds = np.empty(q.shape[1], np.float32)
     ms = np.empty(q.shape[1], np.float32)
-    shift = np.uint8(112) if gtype == T_Q5_0 else np.uint8(0)
+    shift = np.uint8(112) if gtype == T_Q5_0 or gtype == T_MXFP4 else np.uint8(0)
     for r in range(raw.shape[0]):
         g, lane = divmod(row0 + r, GROUP)
         lane_row(raw[r], gtype, qs, ds, ms)

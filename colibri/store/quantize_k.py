@@ -1,5 +1,5 @@
 """Quantizers that match llama.cpp's ``quantize_row_*_ref`` (ggml/src/ggml-quants.c) bit for bit:
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants Q4_K, Q5_K, Q6_K.
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants Q4_K, Q5_K, Q6_K, and MXFP4.
 
 Bit-exact, so that a file ``coli convert`` writes is the file ``llama-quantize`` would write from the
 same float32 values (without an importance matrix, llama.cpp quantizes with these very functions).
@@ -270,6 +270,30 @@ def _nibble_pairs(q: np.ndarray) -> np.ndarray:
 
 
 # -- the 32-value formats ------------------------------------------------------------------------
+
+
+# MXFP4's values (E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives), doubled to integers as
+# ggml-common.h's ``kvalues_mxfp4``: its scale is the E8M0 exponent's power of two halved.
+MXFP4_GRID = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+
+
+def e8m0_half(e: np.ndarray) -> np.ndarray:
+    """``GGML_E8M0_TO_FP32_HALF``: 2^(e - 128) as float32, the two smallest as denormals."""
+    e = np.asarray(e, np.uint32)
+    bits = np.where(e < 2, np.uint32(0x00200000) << e, (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def quantize_mxfp4(x: np.ndarray) -> np.ndarray:
+    """``quantize_row_mxfp4_ref``: the exponent ``floor(log2(amax)) - 2`` (so that amax lands on
+    the grid's 4..8 span of 12), each value to the grid point nearest it (the first on ties)."""
+    amax = np.abs(x).max(axis=1)
+    with _errstate():
+        e = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0).astype(np.uint8)
+    d = e8m0_half(e)
+    err = np.abs(d[:, None, None] * MXFP4_GRID[None, None, :] - x[:, :, None])
+    q = err.argmin(axis=2).astype(np.uint8)
+    return np.concatenate([e[:, None], _nibble_pairs(q)], axis=1)
 
 
 def quantize_q8_0(x: np.ndarray) -> np.ndarray:
