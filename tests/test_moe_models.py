@@ -22,25 +22,36 @@ from colibri.convert.writer import convert
 from colibri.model.generate import SingleSequence
 from colibri.model.kv_cache import KVCache
 from colibri.model.loader import Model
-from colibri.model.network.moe import GATING_SIGMOID, GATING_SOFTMAX, Routing, by_expert, route
+from colibri.model.network.moe import by_expert
+from colibri.model.network.routing import (
+    GATING_SIGMOID,
+    GATING_SOFTMAX,
+    GATING_SOFTMAX_WEIGHT,
+    Routing,
+    route,
+)
 from colibri.store.packed import KIND_Q5, KIND_Q8
 
 DATA = Path(__file__).parent / "data" / "tiny_hf"
 MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe", "glm4moe", "olmoe",
-             "deepseek2", "deepseek3", "deepseek3_yarn"]
+             "deepseek2", "deepseek3", "deepseek3_yarn", "gpt_oss"]
 ARCHS = ["llama", *MOE_ARCHS]  # the dense llama checkpoint checks the shared code against transformers
 GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe",
              "glm4moe": "glm4moe", "olmoe": "olmoe", "deepseek2": "deepseek2", "deepseek3": "deepseek2",
-             "deepseek3_yarn": "deepseek2"}
+             "deepseek3_yarn": "deepseek2", "gpt_oss": "gpt-oss"}
 MAX_ABS_DIFF = 1e-3
 # Top-1 agreement with transformers over the 28 positions: q4_k_m's experts round their activations
 # to one 8-bit level (``int8_matmul.EXPERT_LEVELS``), as llama.cpp's do, and llama.cpp on the same
 # files agrees 0.89 (qwen2moe) to 0.96 (measured), so its floor is lower.
-MIN_TOP1_AGREEMENT = {"q8_0": 0.90, "q4_0": 0.90, "q4_k_m": 0.85}
+MIN_TOP1_AGREEMENT = {"q8_0": 0.90, "q4_0": 0.90, "q4_k_m": 0.85, "mxfp4_moe": 0.90}
 # The quantizations each checkpoint is held to. deepseek3_yarn is there for YaRN's arithmetic (f32
 # above, q8_0 and q4_0 here); its q4_k_m file, whose rows of 32 and 64 fall back to Q5_0, keeps
 # 0.61 of transformers' choices in llama.cpp (0.75 here): the file's rounding, not the kernels'.
-QUANTIZED = [(a, t) for a in MOE_ARCHS for t in MIN_TOP1_AGREEMENT if (a, t) != ("deepseek3_yarn", "q4_k_m")]
+# gpt_oss's experts lie on MXFP4's grid (its own format, exact there), which Q4_0 does not hold;
+# mxfp4_moe (llama.cpp's MXFP4_MOE: experts MXFP4, the rest Q8_0) is gpt_oss's alone.
+NOT_HELD = {("deepseek3_yarn", "q4_k_m"), ("gpt_oss", "q4_0")}
+QUANTIZED = [(a, t) for a in MOE_ARCHS for t in MIN_TOP1_AGREEMENT
+             if (a, t) not in NOT_HELD and (t != "mxfp4_moe" or a == "gpt_oss")]
 # The command line and the batched routing on every layout but deepseek3_yarn (deepseek3's with
 # another RoPE, which the Model API's tests above cover: they would repeat deepseek3's).
 LAYOUTS = [a for a in MOE_ARCHS if a != "deepseek3_yarn"]
@@ -201,8 +212,9 @@ def test_quantized_top1_agreement(arch, type_name, model_of):
 
 
 def assert_experts_in_lanes(model: Model, type_name: str) -> None:
-    """A mixture's experts (Q5_0, Q5_1 where rows of 64 take no K-quant; Q8_0) are packed lanes."""
-    if type_name.endswith("_k_m"):
+    """A mixture's experts (Q5_0, Q5_1 where rows of 64 take no K-quant; Q8_0) and MXFP4 ones are
+    packed lanes."""
+    if type_name.endswith("_k_m") or type_name == "mxfp4_moe":
         store = model.decoder.experts
         store.pin_hottest(None)
         pool = store.resident_layer(store.layers[0]).pool
@@ -219,8 +231,8 @@ def prefilled(model: Model, prompts: list[list[int]]) -> KVCache:
 
 
 @needs_data
-@pytest.mark.parametrize("type_name", ["q8_0", "q4_0", "q5_k_m"])
-@pytest.mark.parametrize("arch", LAYOUTS)
+@pytest.mark.parametrize(("arch", "type_name"), [(a, t) for a in LAYOUTS for t in ("q8_0", "q4_0", "q5_k_m")]
+                         + [("gpt_oss", "mxfp4_moe")])
 def test_decode_rows_bitwise_equal_alone_or_batched(arch, type_name, model_of):
     """Five sequences decode one token each: in one step, in a step with another slot's prompt
     chunk, and each alone. Every row's logits are the same bits in all three (the experts each row
@@ -257,7 +269,13 @@ def test_decode_rows_bitwise_equal_alone_or_batched(arch, type_name, model_of):
 
 def reference_route(logits: np.ndarray, bias: np.ndarray, rule: Routing) -> tuple[np.ndarray, np.ndarray]:
     """transformers' routing in float64: softmax or sigmoid scores; selection by score + bias,
-    within the best groups (a group's score: the sum of its two best); weights from the scores."""
+    within the best groups (a group's score: the sum of its two best); weights from the scores
+    (gpt-oss: the softmax of the k best logits)."""
+    if rule.gating == GATING_SOFTMAX_WEIGHT:
+        ids = np.argsort(-logits, -1, kind="stable")[:, : rule.k]
+        top = np.take_along_axis(logits, ids, -1)
+        w = np.exp(top - top[:, :1])
+        return ids, w / w.sum(-1, keepdims=True)
     if rule.gating == GATING_SOFTMAX:
         p = np.exp(logits - logits.max(-1, keepdims=True))
         p /= p.sum(-1, keepdims=True)
@@ -285,7 +303,8 @@ def reference_route(logits: np.ndarray, bias: np.ndarray, rule: Routing) -> tupl
     Routing(GATING_SOFTMAX, 4, False, 0.0, 0, 0),  # qwen2moe
     Routing(GATING_SIGMOID, 4, True, 2.5, 4, 2),  # glm4moe with groups
     Routing(GATING_SIGMOID, 3, True, 1.0, 1, 1),  # glm4moe without
-], ids=["softmax-norm", "softmax", "sigmoid-grouped", "sigmoid"])
+    Routing(GATING_SOFTMAX_WEIGHT, 4, False, 0.0, 0, 0),  # gpt-oss
+], ids=["softmax-norm", "softmax", "sigmoid-grouped", "sigmoid", "softmax-of-chosen"])
 def test_route_matches_reference(rule):
     rng = np.random.default_rng(1)
     n_expert, rows = 16, 64

@@ -43,16 +43,15 @@ from make_tiny_moe import (
     BIAS_STD,
     EMBD_STD,
     MATRIX_GAIN,
-    MIN_QUANT_AGREEMENT,
     MIN_TOP1_MARGIN,
     N_GREEDY,
     NORM_JITTER,
     QK_GAIN,
     grid,
-    quant_agreement,
     save_reference,
     versions,
 )
+from tiny_rounding import MIN_QUANT_AGREEMENT, quant_agreement
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "tiny_hf"
 GGUF_NAME = "llama_cpp.gguf"  # llama.cpp's converter's output, f32, beside the checkpoint

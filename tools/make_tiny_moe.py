@@ -1,7 +1,7 @@
 """Make the tiny random Hugging Face checkpoints in ``tests/data/tiny_hf/`` and their references.
 
 One checkpoint per architecture ``coli convert`` reads (llama, mixtral, qwen2moe, qwen3moe, glm4moe,
-olmoe; deepseek2 and deepseek3, DeepSeek's V2 and V3 layouts of the GGUF ``deepseek2``),
+olmoe, gpt_oss; deepseek2 and deepseek3, DeepSeek's V2 and V3 layouts of the GGUF ``deepseek2``),
 built with transformers' own model classes from fixed seeds, float32, saved with ``save_pretrained``
 (config.json plus safetensors; qwen2moe in two shards with an index). Beside each, the reference
 that transformers computes with eager attention: a fixed prompt of token ids, the logits at every
@@ -14,7 +14,7 @@ on the Q4 grid (so Q4 and F16 conversions are exact, see BLOCK), norm weights ar
 routers, random score-correction biases. The script refuses a model whose routing or greedy
 choice is a near tie (``MIN_ROUTING_MARGIN``, ``MIN_TOP1_MARGIN``), so that a converter or forward
 pass right to float32 rounding reproduces every choice, or whose top-1 choices do not survive the
-matrices rounded to Q8_0 and Q4_0 (``MIN_QUANT_AGREEMENT``).
+matrices rounded to Q8_0 and Q4_0 (``tiny_rounding``; gpt-oss's experts lie on MXFP4's grid instead).
 
 Needs torch, transformers and safetensors (``pip install -e '.[tools]'``, best in a separate venv):
 
@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
+from tiny_rounding import MIN_QUANT_AGREEMENT, MXFP4_VALUES, ROUNDINGS, is_expert, is_router, quant_agreement
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "tiny_hf"
@@ -77,11 +78,6 @@ SCORE_BIAS_STD = 0.1  # glm4moe e_score_correction_bias
 # argmax closer than MIN_TOP1_MARGIN (logits) could go either way in float32 arithmetic.
 MIN_ROUTING_MARGIN = {"softmax": 1e-3, "sigmoid": 1e-4}
 MIN_TOP1_MARGIN = 1e-3
-# Top-1 agreement with the reference, over prompt and continuation, that the model must keep with
-# its matrices rounded as Q8_0 and Q4_0 store them (simulated with ggml's rounding rules), and with
-# Q8_0's rounding error doubled: headroom for engines that also round activations (llama.cpp).
-MIN_QUANT_AGREEMENT = 0.95
-Q8_ERROR_HEADROOM = 2.0
 
 SHARDED = "qwen2moe"  # saved in two safetensors shards with model.safetensors.index.json
 N_SHARDS = 2
@@ -112,6 +108,7 @@ class Spec:
     config: dict[str, Any]
     router: str = "softmax"  # "softmax" or "sigmoid" (glm4moe)
     seed: int = 0
+    quant: tuple[str, ...] = tuple(ROUNDINGS)  # the simulated roundings it must survive (tiny_rounding)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -175,11 +172,22 @@ SPECS: dict[str, Spec] = {
         rope_parameters=dict(rope_type="yarn", rope_theta=ROPE_THETA, factor=8.0,
                              original_max_position_embeddings=32, beta_fast=32.0, beta_slow=1.0,
                              mscale=0.707, mscale_all_dim=0.707)), router="sigmoid", seed=14),
+    # gpt-oss: q/k/v/o biases, a sink per head, a sliding first layer (window 8, shorter than the
+    # 28 positions) and a full second one, YaRN as the released config has it (factor 32 over 4096,
+    # the blend range not rounded), a biased router, experts with biases and the clamped SwiGLU
+    # (their gate/up drawn wider, so that the clamp at 7 binds). The experts lie on MXFP4's grid
+    # (its own format, exact), so the q4_0 rounding is not one it is held to.
+    "gpt_oss": Spec("GptOssConfig", "GptOssForCausalLM", dict(
+        num_hidden_layers=2, intermediate_size=64, head_dim=16, num_local_experts=N_EXPERTS,
+        num_experts_per_tok=TOP_K, sliding_window=8, attention_bias=True, tie_word_embeddings=False,
+        rope_theta=150000.0, rope_parameters=dict(
+            rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
+            original_max_position_embeddings=4096)), seed=2, quant=("q8_0", "q8_0_x2", "mxfp4_moe")),
 }
-
-
-def is_router(name: str) -> bool:
-    return name.endswith(".mlp.gate.weight")
+SINK_STD = 1.0  # gpt-oss's sinks: logits as large as the scores they compete with
+GATE_UP_GAIN = 4.0  # gpt-oss's experts' gate/up: wide enough that its SwiGLU's clamp at 7 binds
+MXFP4_STD = float(MXFP4_VALUES.square().mean().sqrt())  # of a value drawn uniformly from the grid
+MXFP4_MAX = 12.0  # the grid's largest value: one a block fixes its exponent
 
 
 def grid(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tensor:
@@ -194,6 +202,25 @@ def grid(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tens
         lo, hi = torch.randperm(BLOCK, generator=gen)[:2]
         row[lo], row[hi] = Q_MIN, Q_MAX
     return (blocks * scale).reshape(shape)
+
+
+def mxfp4_grid(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tensor:
+    """Random values of about ``std`` that MXFP4 stores exactly: per block of the last axis, doubled
+    E2M1 values with one of magnitude MXFP4_MAX (which sets the block's exponent), times a power of two."""
+    scale = 2.0 ** round(math.log2(std / MXFP4_STD))
+    k = MXFP4_VALUES[torch.randint(0, len(MXFP4_VALUES), shape, generator=gen)]
+    blocks = k.reshape(-1, BLOCK).clone()
+    at = torch.randint(0, BLOCK, (len(blocks),), generator=gen)
+    sign = torch.randint(0, 2, (len(blocks),), generator=gen).float() * 2 - 1
+    blocks[torch.arange(len(blocks)), at] = sign * MXFP4_MAX
+    return (blocks * scale).reshape(shape)
+
+
+def gpt_oss_experts(t: torch.Tensor, name: str, gen: torch.Generator) -> None:
+    """gpt-oss's fused experts, on MXFP4's grid along GGUF's rows (the checkpoint's columns)."""
+    gain = GATE_UP_GAIN if name.endswith("gate_up_proj") else MATRIX_GAIN
+    rows = (*t.shape[:-2], t.shape[-1], t.shape[-2])
+    t.copy_(mxfp4_grid(rows, gain / t.shape[-2] ** 0.5, gen).transpose(-1, -2))
 
 
 def keys_on_grid_both_ways(kv_b: torch.Tensor, nope: int, v_dim: int, gen: torch.Generator) -> None:
@@ -234,8 +261,12 @@ def init_weights(model: torch.nn.Module, spec: Spec) -> None:
                 normal(t, SCORE_BIAS_STD)
             elif name.endswith("norm.weight"):
                 normal(t, NORM_JITTER, 1.0)
-            elif name.endswith(".bias"):
+            elif name.endswith((".bias", "_bias")):
                 normal(t, BIAS_STD)
+            elif name.endswith("self_attn.sinks"):
+                normal(t, SINK_STD)
+            elif is_expert(name) and spec.model_cls == "GptOssForCausalLM":
+                gpt_oss_experts(t, name, gen)
             elif is_router(name):
                 normal(t, router_gain / HIDDEN**0.5)
             elif name.endswith(("embed_tokens.weight", "lm_head.weight")):
@@ -258,7 +289,7 @@ def routing_margin(model: torch.nn.Module, spec: Spec, ids: torch.Tensor) -> flo
     captured: list[tuple[torch.nn.Module, torch.Tensor]] = []
     hooks = [
         module.register_forward_pre_hook(lambda mod, args: captured.append((mod, args[0].detach())))
-        for name, module in model.named_modules() if name.endswith(".mlp.gate")
+        for name, module in model.named_modules() if name.endswith((".mlp.gate", ".mlp.router"))
     ]
     with torch.no_grad():
         model(ids)
@@ -268,6 +299,8 @@ def routing_margin(model: torch.nn.Module, spec: Spec, ids: torch.Tensor) -> flo
     for module, hidden in captured:
         h = hidden.reshape(-1, cfg.hidden_size).float()
         logits = h @ module.weight.float().T
+        if isinstance(getattr(module, "bias", None), torch.Tensor):  # gpt-oss's router
+            logits = logits + module.bias.float()
         if spec.router == "softmax":
             top = logits.sort(dim=-1, descending=True).values
             margins.append((top[:, TOP_K - 1] - top[:, TOP_K]).min().item())
@@ -282,43 +315,6 @@ def routing_margin(model: torch.nn.Module, spec: Spec, ids: torch.Tensor) -> flo
         top = masked.sort(dim=-1, descending=True).values
         margins.append((top[:, TOP_K - 1] - top[:, TOP_K]).min().item())
     return min(margins) if margins else float("inf")
-
-
-def round_q8_0(x: torch.Tensor) -> torch.Tensor:
-    """``x`` through ggml's Q8_0 (scale amax/127 in f16, round to nearest) and back."""
-    b = x.reshape(-1, BLOCK)
-    d = b.abs().amax(1, keepdim=True) / 127
-    q = torch.where(d > 0, torch.round(b / torch.where(d > 0, d, 1)), 0).clamp(-127, 127)
-    return (q * d.half().float()).reshape(x.shape)
-
-
-def round_q4_0(x: torch.Tensor) -> torch.Tensor:
-    """``x`` through ggml's Q4_0 (scale max/-8 in f16, floor(x/d + 8.5)) and back."""
-    b = x.reshape(-1, BLOCK)
-    mx = b.gather(1, b.abs().argmax(1, keepdim=True))
-    d = mx / -8
-    inv = torch.where(d != 0, 1 / torch.where(d != 0, d, 1), 0)
-    q = torch.floor(b * inv + 8.5).clamp(0, 15)
-    return ((q - 8) * d.half().float()).reshape(x.shape)
-
-
-def quant_agreement(model: torch.nn.Module, ids: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
-    """Top-1 agreement with ``reference`` over every position when the matrices a quantized
-    conversion stores in Q8_0 / Q4_0 are rounded so (routers and vectors stay float32)."""
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    out = {}
-    def q8_0_worse(x: torch.Tensor) -> torch.Tensor:
-        return x + Q8_ERROR_HEADROOM * (round_q8_0(x) - x)
-
-    for name, rounding in (("q8_0", round_q8_0), ("q4_0", round_q4_0), ("q8_0_x2", q8_0_worse)):
-        with torch.no_grad():
-            for k, v in model.state_dict().items():
-                if v.dim() >= 2 and not is_router(k) and v.shape[-1] % BLOCK == 0:
-                    v.copy_(rounding(state[k]))
-            logits = model(ids).logits[0]
-        out[name] = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
-        model.load_state_dict(state)
-    return out
 
 
 def train_tokenizer() -> Tokenizer:
@@ -397,7 +393,7 @@ def check_margins(arch: str, model: torch.nn.Module, spec: Spec, sequence: torch
     if top1_margin < MIN_TOP1_MARGIN or route_margin < MIN_ROUTING_MARGIN[spec.router]:
         raise SystemExit(f"make_tiny_moe: {arch}: near tie (top-1 {top1_margin:.2e}, routing "
                          f"{route_margin:.2e}); change the seed")
-    agreement = quant_agreement(model, sequence, full_logits)
+    agreement = quant_agreement(model, sequence, full_logits, spec.quant)
     if min(agreement.values()) < MIN_QUANT_AGREEMENT:
         raise SystemExit(f"make_tiny_moe: {arch}: quantized top-1 agreement {agreement}; change the seed")
     return top1_margin, route_margin, agreement

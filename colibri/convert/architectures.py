@@ -3,7 +3,7 @@ of a conversion (``make_plan``): the metadata and tensors, checked against the c
 
 The building blocks are in ``plan``; the dense architectures' plans (llama, qwen2, qwen3, gemma3,
 phi3) in ``dense``, the mixture-of-experts ones (qwen2moe, qwen3moe, glm4moe, olmoe) in ``moe``, DeepSeek's
-(deepseek2) in ``deepseek``.
+(deepseek2) in ``deepseek``, gpt-oss's in ``gpt_oss``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from colibri.convert.checkpoint_config import Config, ConvertError
 from colibri.convert.deepseek import plan_deepseek2
 from colibri.convert.dense import plan_gemma3, plan_llama, plan_phi3, plan_qwen2
+from colibri.convert.gpt_oss import plan_gpt_oss
 from colibri.convert.moe import plan_glm4moe, plan_olmoe, plan_qwen_moe
 from colibri.convert.plan import Builder, Dims, Plan, TensorPlan
 
@@ -35,10 +36,11 @@ ARCHITECTURES: dict[str, str] = {
     "OlmoeForCausalLM": "olmoe",
     "DeepseekV2ForCausalLM": "deepseek2",
     "DeepseekV3ForCausalLM": "deepseek2",
+    "GptOssForCausalLM": "gpt-oss",
 }
 PLANNERS = {"llama": plan_llama, "qwen2": plan_qwen2, "qwen3": plan_qwen2, "gemma3": plan_gemma3,
             "phi3": plan_phi3, "qwen2moe": plan_qwen_moe, "qwen3moe": plan_qwen_moe, "glm4moe": plan_glm4moe,
-            "olmoe": plan_olmoe, "deepseek2": plan_deepseek2}
+            "olmoe": plan_olmoe, "deepseek2": plan_deepseek2, "gpt-oss": plan_gpt_oss}
 # Architectures whose global and local (sliding-window) layers have ropes of their own.
 LAYER_ROPES = ("gemma3",)
 

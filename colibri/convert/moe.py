@@ -31,8 +31,9 @@ EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 GLM_DEFAULT_PARTIAL_ROTARY = 0.5  # Glm4MoeConfig's default, also llama.cpp's converter's
 
 
-def moe_metadata(plan: Plan, n_expert: int, n_used: int, gating: gguf.ExpertGatingFuncType,
+def moe_metadata(plan: Plan, n_expert: int, n_used: int, gating: gguf.ExpertGatingFuncType | int,
                  norm: bool) -> None:
+    """``gating``: llama.cpp's expert_gating_func (gguf-py names 1 and 2; gpt-oss's is 3)."""
     if not 0 < n_used <= n_expert:
         raise ConvertError(f"config.json: {n_used} experts per token out of {n_expert}")
     plan.kv(K.LLM.EXPERT_COUNT, n_expert, V.UINT32)

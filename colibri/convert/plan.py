@@ -41,6 +41,7 @@ class Source:
     permute_heads: int | None = None  # llama.cpp's rope row permutation over this many heads
     shift: float = 0.0  # added to every value (Gemma's norms: the file holds 1 + w, see dense.py)
     transposed: bool = False  # the part is the transpose of ``rows`` (DeepSeek's k_b, see deepseek.py)
+    columns: tuple[int, int] | None = None  # (first, step): every step-th column (gpt-oss's gate and up)
 
     def row_order(self, n_rows: int) -> np.ndarray | None:
         """Source row of each output row, or None when rows are taken in order."""

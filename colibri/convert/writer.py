@@ -25,7 +25,7 @@ from colibri.convert import DEFAULT_TYPE, TYPE_NAMES
 from colibri.convert.architectures import make_plan
 from colibri.convert.checkpoint_config import ConvertError
 from colibri.convert.mixture import ModelFacts, mixture_type
-from colibri.convert.plan import Plan, TensorPlan
+from colibri.convert.plan import Plan, Source, TensorPlan
 from colibri.convert.safetensors import Checkpoint
 from colibri.convert.vocab import SPM_MODEL, load_vocab
 from colibri.store.formats import GGMLType, quantize, row_nbytes
@@ -45,7 +45,9 @@ MIXTURES: dict[str, gguf.LlamaFileType] = {
     "q5_k_m": gguf.LlamaFileType.MOSTLY_Q5_K_M,
     "q6_k": gguf.LlamaFileType.MOSTLY_Q6_K,
 }
-assert (*TYPES, *MIXTURES) == TYPE_NAMES
+# llama.cpp's MXFP4_MOE: the experts' 3-D tensors MXFP4 (gpt-oss's own format), the other matrices Q8_0.
+MXFP4_MOE = "mxfp4_moe"
+assert (*TYPES, *MIXTURES, MXFP4_MOE) == TYPE_NAMES
 # general.file_type (llama.cpp's LlamaFileType) of a file whose matrices are of that type.
 FILE_TYPES: dict[str, gguf.LlamaFileType] = {
     "f32": gguf.LlamaFileType.ALL_F32,
@@ -54,6 +56,7 @@ FILE_TYPES: dict[str, gguf.LlamaFileType] = {
     "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
     "q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
     **MIXTURES,
+    MXFP4_MOE: gguf.LlamaFileType.MOSTLY_MXFP4_MOE,
 }
 # Float32 bytes of source rows converted at a time. The quantizers make a few temporaries of this
 # size, so a conversion's resident set stays within a small multiple of it, whatever the model.
@@ -72,9 +75,12 @@ def tensor_type(t: TensorPlan, type_name: str, facts: ModelFacts | None = None) 
     if type_name in MIXTURES:
         assert facts is not None
         return mixture_type(t.name, t.shape, MIXTURES[type_name], facts)
-    requested = TYPES[type_name]
+    if type_name == MXFP4_MOE:
+        requested = GGMLType.MXFP4 if len(t.shape) == 3 else GGMLType.Q8_0
+    else:
+        requested = TYPES[type_name]
     # a quantized row must hold whole blocks (Q8_0, Q4_0 and Q4_1: BLOCK values each)
-    if requested in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1) and t.shape[-1] % BLOCK:
+    if requested in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.MXFP4) and t.shape[-1] % BLOCK:
         return GGMLType.F16
     return requested
 
@@ -112,18 +118,27 @@ def chunks(ckpt: Checkpoint, t: TensorPlan) -> Iterator[np.ndarray]:
     step = max(1, CHUNK_BYTES // (4 * cols))
     for src in t.sources:
         first = src.rows[0] if src.rows else 0
-        if src.transposed:  # a head's block, small: read whole, written column by column
-            yield np.ascontiguousarray(ckpt.rows(src.name, first, first + cols, src.expert).T)
+        if src.transposed:  # a head's (an expert's) block: read whole, written column by column
+            block = picked_columns(ckpt.rows(src.name, first, first + cols, src.expert), src)
+            yield np.ascontiguousarray(block.T)
             ckpt.release(src.name)
             continue
         order = src.row_order(rows)
         for start in range(0, rows, step):
             stop = min(rows, start + step)
             if order is None:
-                yield ckpt.rows(src.name, first + start, first + stop, src.expert)
+                yield picked_columns(ckpt.rows(src.name, first + start, first + stop, src.expert), src)
             else:
-                yield ckpt.rows(src.name, start, stop, src.expert, order + first)
+                yield picked_columns(ckpt.rows(src.name, start, stop, src.expert, order + first), src)
             ckpt.release(src.name)
+
+
+def picked_columns(block: np.ndarray, src: Source) -> np.ndarray:
+    """The columns ``src`` takes (every ``step``-th from ``first``), contiguous; all where it says none."""
+    if src.columns is None:
+        return block
+    first, step = src.columns
+    return np.ascontiguousarray(block[:, first::step])
 
 
 class Progress:

@@ -48,6 +48,9 @@ class HParams:
     yarn_beta_fast: float = 32.0  # rope.scaling.yarn_beta_fast (llama.cpp's default)
     yarn_beta_slow: float = 1.0  # rope.scaling.yarn_beta_slow
     yarn_log_mul: float = 0.0  # rope.scaling.yarn_log_multiplier: DeepSeek's 0.1 * mscale_all_dim
+    # rope.scaling.yarn_truncate (colibri's key; llama.cpp always truncates): whether YaRN's blend
+    # range is rounded out to whole pairs, as transformers' ``truncate`` (default true; gpt-oss's false)
+    yarn_truncate: bool = True
     n_ctx_orig: int = 0  # rope.scaling.original_context_length: past it, the long RoPE factors
     n_nextn: int = 0  # nextn_predict_layers: the file's last blocks, next-token-prediction (MTP) layers
     # Multi-head latent attention (deepseek2; 0 elsewhere): the cache's one kv head holds a token's
@@ -109,6 +112,7 @@ class HParams:
             yarn_beta_fast=float(opt("rope.scaling.yarn_beta_fast", 32.0)),
             yarn_beta_slow=float(opt("rope.scaling.yarn_beta_slow", 1.0)),
             yarn_log_mul=float(opt("rope.scaling.yarn_log_multiplier", 0.0)),
+            yarn_truncate=bool(opt("rope.scaling.yarn_truncate", arch not in UNTRUNCATED_YARN)),
             n_ctx_orig=int(opt("rope.scaling.original_context_length",
                                gguf.get(f"{arch}.context_length", 2048))),
         )
@@ -158,3 +162,6 @@ _INT_KEYS = {
 # ``decoder.py`` divides by them) and "yarn" (per-frequency divisors and a magnitude computed at
 # load: ``yarn.py``). Another type is refused rather than run with RoPE it was not trained with.
 ROPE_SCALINGS = ("none", "linear", "longrope", "yarn")
+# The architectures whose reference YaRN blends over the unrounded range (gpt-oss's config says
+# ``truncate: false``), where a file does not say (llama.cpp's converter writes no such key).
+UNTRUNCATED_YARN = frozenset({"gpt-oss"})

@@ -26,15 +26,18 @@ def yarn_divisors(hp: HParams) -> np.ndarray:
     return 1.0 / ((1.0 - kept) / hp.rope_factor + kept)
 
 
-def correction_range(hp: HParams) -> tuple[int, int]:
+def correction_range(hp: HParams) -> tuple[float, float]:
     """The pairs between which YaRN blends: a pair whose dimension turns ``n`` times over the
     original context sits at ``d ln(ctx / (2 pi n)) / (2 ln base)``; ``beta_fast`` turns and more
-    keep their frequency, ``beta_slow`` and fewer are divided by the factor."""
+    keep their frequency, ``beta_slow`` and fewer are divided by the factor. Rounded out to whole
+    pairs (llama.cpp always, transformers by default) unless ``hp.yarn_truncate`` is false."""
     def pair(turns: float) -> float:
         return hp.rope_dim * math.log(hp.n_ctx_orig / (turns * 2 * math.pi)) / (2 * math.log(hp.rope_base))
 
-    low = max(0, math.floor(pair(hp.yarn_beta_fast)))
-    return low, min(hp.rope_dim - 1, math.ceil(pair(hp.yarn_beta_slow)))
+    low, high = pair(hp.yarn_beta_fast), pair(hp.yarn_beta_slow)
+    if hp.yarn_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    return max(0, low), min(hp.rope_dim - 1, high)
 
 
 def yarn_magnitude(hp: HParams) -> float:

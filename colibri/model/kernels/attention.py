@@ -155,14 +155,16 @@ def _weighted(values, e, m: int, n: int, at0: int, stride: int, c: int, head_dim
 
 @nb.njit(**KERNEL)
 def _attend_heads(q: np.ndarray, keys: np.ndarray, values: np.ndarray, lo: int, n: int, h0: int,
-                  m: int, kh: int, scale: float, out: np.ndarray, v_dim: int) -> None:
+                  m: int, kh: int, scale: float, out: np.ndarray, v_dim: int, sinks: np.ndarray) -> None:
     """Query heads ``h0 .. h0 + m`` of one row (``q``; ``out``: its output, [1, n_heads * v_dim])
     against kv head ``kh`` of its slot and layer (``keys``, ``values``: [position, kv_head, dim],
     the same layout; a value is its first ``v_dim`` values) over positions ``lo..lo+n-1``:
-    ``out = softmax(scale · q·K) · V`` per head."""
+    ``out = softmax(scale · q·K) · V`` per head. ``sinks`` (one logit a query head, or empty): a
+    score with no value, one more term in each softmax's denominator (gpt-oss)."""
     head_dim, stride = keys.shape[2], keys.shape[1] * keys.shape[2]
     scale32 = np.float32(scale)
-    scores, e = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+    n_s = n + 1 if sinks.shape[0] > 0 else n  # the sink's score last, weighing no value
+    scores, e = np.empty((m, n_s), np.float32), np.empty((m, n_s), np.float32)
     partial = np.empty((HEADS * LANES, LANES), np.float32)
     q0, at0 = h0 * head_dim, lo * stride + kh * head_dim
     whole = n - n % LANES
@@ -172,6 +174,9 @@ def _attend_heads(q: np.ndarray, keys: np.ndarray, values: np.ndarray, lo: int, 
         sums = _dots(q, q0, keys, (lo + p) * stride + kh * head_dim, head_dim, m)
         for j in range(m):
             scores[j, p] = sums[j] * scale32
+    if n_s > n:
+        for j in range(m):
+            scores[j, n] = sinks[h0 + j]
     inv = np.empty(HEADS, np.float32)
     for j in range(m):
         inv[j] = np.float32(1.0) / exp_from_peak(scores[j], e[j])
@@ -187,7 +192,7 @@ def _attend_heads(q: np.ndarray, keys: np.ndarray, values: np.ndarray, lo: int, 
 @nb.njit(parallel=True, **KERNEL)
 def _rows_parallel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int,
                    slots: np.ndarray, positions: np.ndarray, n_heads: int, group: int,
-                   scale: float, window: int, out: np.ndarray) -> None:
+                   scale: float, window: int, out: np.ndarray, sinks: np.ndarray) -> None:
     """Every row: one work item per row and block of up to HEADS query heads of one kv head,
     head-major: the threads split the items into equal runs, and a prompt's later rows cost more
     (more positions), so each run takes every row of its heads (row-major, one thread took the
@@ -205,21 +210,22 @@ def _rows_parallel(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, laye
         if window > 0:
             lo = max(0, positions[t] + 1 - window)
         _attend_heads(q[t], k_cache[s, layer], values[s, layer], lo, positions[t] + 1 - lo,
-                      kh * group + j0, min(HEADS, group - j0), kh, scale, out[t : t + 1], v_dim)
+                      kh * group + j0, min(HEADS, group - j0), kh, scale, out[t : t + 1], v_dim, sinks)
 
 
 @nb.njit(**KERNEL)
 def attend(
     q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, layer: int,
     slots: np.ndarray, positions: np.ndarray, n_heads: int, n_kv: int, out: np.ndarray,
-    scale: float = 0.0, window: int = 0,
+    scale: float = 0.0, window: int = 0, sinks: np.ndarray | None = None,
 ) -> None:
     """``out[t, head] = softmax(scale · q·K) · V`` over the row's slot, causally; ``scale`` 0:
     ``1 / sqrt(head_dim)``. ``out`` is [rows, n_heads * v_dim]: a value's width (the keys' where
     the cache has values; a latent's, the keys' first v_dim values, where it holds keys only).
     ``window`` > 0: a row at position p attends to positions ``p - window + 1 .. p`` only
     (sliding-window layers: the work of a row is bounded by the window, whatever the context), as
-    llama.cpp's standard SWA masks them.
+    llama.cpp's standard SWA masks them. ``sinks``: a logit per query head joining each softmax
+    with no value (gpt-oss's attention sinks: a head may attend to nothing).
 
     Every row, decode or prompt, is computed on its own by the same compiled loop whatever the
     batch, so its bits are too: a prompt run whole, in chunks or token by token gives bitwise
@@ -233,5 +239,6 @@ def attend(
     # int64 indices whatever the caller's: one compiled loop, one set of bits
     if scale == 0.0:
         scale = 1.0 / np.sqrt(k_cache.shape[4])
+    logits = np.zeros(0, np.float32) if sinks is None else sinks
     _rows_parallel(q, k_cache, v_cache, layer, slots.astype(np.int64), positions.astype(np.int64),
-                   n_heads, n_heads // n_kv, scale, window, out)
+                   n_heads, n_heads // n_kv, scale, window, out, logits)

@@ -191,6 +191,23 @@ def add_into(x: np.ndarray, y: np.ndarray) -> None:
 
 
 @nb.njit(**KERNEL)
+def swiglu_clamped(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float) -> None:
+    """gpt-oss's SwiGLU in place: ``g = min(gate, limit)``, ``u = clamp(up, -limit, limit)``,
+    ``gate = g * sigmoid(alpha g) * (u + 1)`` (llama.cpp's ``swiglu_oai``)."""
+    t_rows, k = gate.shape
+    a, lim = np.float32(alpha), np.float32(limit)
+    neg, e = np.empty(k, np.float32), np.empty(k, np.float32)
+    for t in range(t_rows):
+        for i in range(k):
+            gate[t, i] = min(gate[t, i], lim)
+            neg[i] = -a * gate[t, i]
+        exp_into(neg, e)
+        for i in range(k):
+            u = min(max(up[t, i], -lim), lim)
+            gate[t, i] = gate[t, i] / (np.float32(1.0) + e[i]) * (u + np.float32(1.0))
+
+
+@nb.njit(**KERNEL)
 def add_bias(x: np.ndarray, b: np.ndarray) -> None:
     """``x[t] += b`` for every row t."""
     for t in range(x.shape[0]):

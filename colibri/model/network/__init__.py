@@ -8,6 +8,7 @@ from colibri.model.network.deepseek2 import Deepseek2Decoder
 from colibri.model.network.dense import Phi3Decoder, Qwen2Decoder, Qwen3Decoder
 from colibri.model.network.gemma3 import Gemma3Decoder
 from colibri.model.network.glm4moe import Glm4MoeDecoder
+from colibri.model.network.gpt_oss import GptOssDecoder
 from colibri.model.network.llama import LlamaDecoder
 from colibri.model.network.olmoe import OlmoeDecoder
 from colibri.model.network.qwen_moe import Qwen2MoeDecoder, Qwen3MoeDecoder
@@ -24,6 +25,7 @@ ARCHITECTURES: dict[str, type[Decoder]] = {
     "glm4moe": Glm4MoeDecoder,
     "olmoe": OlmoeDecoder,
     "deepseek2": Deepseek2Decoder,
+    "gpt-oss": GptOssDecoder,
 }
 
 __all__ = ["ARCHITECTURES", "Decoder"]

@@ -33,8 +33,9 @@ from colibri.model.network.layers import (
     load_attention,
     load_ffn,
 )
-from colibri.model.network.moe import GATING_SOFTMAX, load_moe_ffn, routing
+from colibri.model.network.moe import load_moe_ffn
 from colibri.model.network.nextn import NextN
+from colibri.model.network.routing import GATING_SOFTMAX, routing
 from colibri.model.network.weights import named_norm, optional_vector
 from colibri.model.yarn import yarn_divisors, yarn_magnitude
 from colibri.store.experts import Budget, ExpertStore
@@ -80,6 +81,7 @@ class Decoder:
     # every layer local). None: the architecture has none, a window in its file ignored (llama.cpp
     # ignores phi3's, and reads none for llama or qwen2).
     SWA_PERIOD: int | None = None
+    SWIGLU_CLAMP = (0.0, 0.0)  # the experts' clamped SwiGLU (alpha, limit); (0, 0): the plain one
     NEXTN = False  # runs the file's next-token-prediction (MTP) layer, where it has one (``nextn.py``)
     # The attention half's compiled calls: a dense layer whole, and a MoE layer's first half (one
     # pair for every attention of ``layers.py``; ``mla.py`` has latent attention's).
@@ -159,7 +161,8 @@ class Decoder:
             if moe and (self.GELU or self.FFN_POST_NORM):  # the experts' call knows neither
                 raise NotImplementedError(f"{hp.arch}: a MoE layer with GeGLU or an FFN post-norm")
             # (the NextN layer's experts are not read ahead from the last layer's input: another space)
-            self.moe.append(load_moe_ffn(gguf, i, rule, self.experts, i < hp.n_layers) if moe else None)
+            self.moe.append(load_moe_ffn(gguf, i, rule, self.experts, i < hp.n_layers, self.SWIGLU_CLAMP)
+                            if moe else None)
             self.ffn.append(None if moe else load_ffn(gguf, p))
             window = hp.sliding_window if self.is_sliding(hp, i) else 0
             self.shapes.append(LayerShape(hp.n_heads, hp.n_kv_heads, hp.head_dim, float(hp.norm_eps),

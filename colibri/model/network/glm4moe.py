@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from colibri.model.hparams import HParams
 from colibri.model.network.decoder import Decoder
-from colibri.model.network.moe import GATING_SIGMOID
+from colibri.model.network.routing import GATING_SIGMOID
 from colibri.store.gguf import GGUFFile
 
 

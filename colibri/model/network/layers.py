@@ -27,7 +27,7 @@ from colibri.model.network.weights import (
     optional_vector,
     stacked_bias,
 )
-from colibri.store.gguf import GGUFFile
+from colibri.store.gguf import GGUFError, GGUFFile
 from colibri.store.packed import EMPTY_WEIGHT, SwiGLUWeights, Weight
 
 # -- attention -------------------------------------------------------------------------------------
@@ -46,6 +46,8 @@ class Attention(NamedTuple):
     q_norm: np.ndarray
     k_norm: np.ndarray
     wo: Weight
+    bo: np.ndarray  # the output's bias (gpt-oss); empty: none
+    sinks: np.ndarray  # a logit per query head in each softmax, weighing no value (gpt-oss); empty: none
     post_norm: np.ndarray  # RMSNorm of the output before the residual add (gemma3); empty: none
 
 
@@ -66,7 +68,7 @@ class LayerShape(NamedTuple):
 
 def load_attention(gguf: GGUFFile, i: int, hp: HParams, post_norm: str = "") -> Attention:
     """Layer i's attention with llama.cpp's tensor names: q, k and v apart or fused (``attn_qkv``,
-    phi3); biases, q/k norms when present; ``post_norm``: the output's norm's name, if any."""
+    phi3); biases, q/k norms and sinks when present; ``post_norm``: the output's norm's name, if any."""
     p = f"blk.{i}."
     q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
     if p + "attn_qkv.weight" in gguf.tensors:
@@ -75,6 +77,10 @@ def load_attention(gguf: GGUFFile, i: int, hp: HParams, post_norm: str = "") -> 
     else:
         wqkv, wv = load_stack_or_apart(gguf, *(p + f"attn_{x}.weight" for x in "qkv"))
         bqkv = stacked_bias(gguf, [p + f"attn_{x}.bias" for x in "qkv"], [q_dim, kv_dim, kv_dim])
+    sinks = optional_vector(gguf, p + "attn_sinks.weight")
+    if sinks.shape[0] not in (0, hp.n_heads):  # the kernel indexes it by query head, unchecked
+        raise GGUFError(f"{gguf.path}: {p}attn_sinks.weight has {sinks.shape[0]} values for "
+                        f"{hp.n_heads} heads")
     return Attention(
         norm=load_vector(gguf, p + "attn_norm.weight"),
         wqkv=wqkv,
@@ -83,6 +89,8 @@ def load_attention(gguf: GGUFFile, i: int, hp: HParams, post_norm: str = "") -> 
         q_norm=optional_vector(gguf, p + "attn_q_norm.weight"),
         k_norm=optional_vector(gguf, p + "attn_k_norm.weight"),
         wo=load_weight(gguf, p + "attn_output.weight"),
+        bo=optional_vector(gguf, p + "attn_output.bias"),
+        sinks=sinks,
         post_norm=named_norm(gguf, p, post_norm),
     )
 
@@ -121,8 +129,11 @@ def attention(
     rope(k, positions, sh.n_kv, sh.head_dim, inv_freq, sh.neox, sh.mscale)
     store_kv(k, v, k_cache, v_cache, layer, slots, positions, sh.n_kv, sh.head_dim)
     attn = np.empty((t_rows, q_dim), np.float32)
-    attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, attn, sh.scale, sh.window)
+    attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, attn, sh.scale, sh.window,
+           a.sinks)
     qmatmul(attn, a.wo, h, n_direct)
+    if a.bo.shape[0] > 0:
+        add_bias(h, a.bo)
     add_normed(x, h, a.post_norm, sh.eps)
 
 

@@ -1,15 +1,9 @@
-"""The mixture-of-experts feed-forward: routing, batched expert application, shared experts.
+"""The mixture-of-experts feed-forward: batched expert application, shared experts.
 
 A MoE layer replaces the dense FFN by ``n_expert`` small SwiGLU FFNs (the routed experts) and a
-router ``ffn_gate_inp`` that scores them for each token. Each token (row) goes through its top-k
-experts and sums their outputs, weighted. The gating styles (see ``docs/architecture.md``):
-
-- softmax (mixtral, qwen2moe, qwen3moe): ``p = softmax(router · h)`` over all experts, the k best,
-  their weights ``p``, renormalised to sum 1 or not (``norm``).
-- sigmoid (glm4moe): ``s = sigmoid(router · h)``; the experts are *chosen* by ``s + bias`` (the
-  score-correction bias ``exp_probs_b``), optionally within the ``topk_group`` best of ``n_group``
-  groups (a group ranked by the sum of its two best corrected scores), and *weighted* by the
-  uncorrected ``s``, renormalised, then multiplied by the routed scaling factor.
+router ``ffn_gate_inp`` that scores them for each token (``routing.py``). Each token (row) goes
+through its top-k experts and sums their outputs, weighted. gpt-oss's experts add biases and a
+clamped SwiGLU (``ExpertExtras``).
 
 Batched routing: in a step, each distinct expert is fetched from the ``ExpertStore`` once and
 applied once, to all the rows routed to it (gathered, decode rows first so the sub-batch takes the
@@ -27,22 +21,38 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from colibri.model.hparams import HParams
 from colibri.model.kernels.int8_matmul import EXPERT_LEVELS, int8_matmul_slots, quantize_row, quantize_rows
-from colibri.model.kernels.ops import add_into, swiglu
+from colibri.model.kernels.ops import add_bias, add_into, swiglu, swiglu_clamped
+from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.model.network.layers import FFN, load_ffn, swiglu_ffn
+from colibri.model.network.routing import Routing, check_routing, route_rows
 from colibri.model.network.weights import load_matrix, optional_vector
 from colibri.store.experts import HEAT_DECAY, ExpertStore, ExpertWeights, note_routing
 from colibri.store.gguf import GGUFError, GGUFFile
 from colibri.store.packed import EMPTY_WEIGHT, KIND_Q4, KIND_Q5, KIND_Q6, KIND_Q8, slot
 
-GATING_SOFTMAX, GATING_SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
 _SLOT_0 = np.zeros(1, np.int64)  # an expert handed out alone is slot 0 of a pool of one
 _NO_SHARED = FFN(EMPTY_WEIGHT, EMPTY_WEIGHT)
 _DECAY = np.float32(HEAT_DECAY)
 
 _JIT = dict(nogil=True, cache=True)
-_JIT_FAST = dict(nogil=True, cache=True, fastmath=True)
+
+
+class ExpertExtras(NamedTuple):
+    """What gpt-oss's experts add to the others': a bias on the router's logits, each expert's
+    biases (its gate's then its up's, as its stacked rows; its down's), and the clamped SwiGLU
+    (``ops.swiglu_clamped``). Empty arrays and ``limit`` 0 for every other family: one type, one
+    compiled variant."""
+
+    router_bias: np.ndarray  # [n_expert], or empty
+    gate_up_bias: np.ndarray  # [n_expert, 2 n_ff], or [0, 0]
+    down_bias: np.ndarray  # [n_expert, n_embd], or [0, 0]
+    alpha: float  # the clamped SwiGLU's sigmoid gain
+    limit: float  # its clamp; 0: the plain SwiGLU
+
+
+NO_EXTRAS = ExpertExtras(np.zeros(0, np.float32), np.zeros((0, 0), np.float32), np.zeros((0, 0), np.float32),
+                         0.0, 0.0)
 
 # The packed kinds whose experts take integer dot products (``int8_matmul_slots``).
 _INT8_KINDS = (KIND_Q4, KIND_Q5, KIND_Q6, KIND_Q8)
@@ -58,127 +68,6 @@ def _int8_ffn(f: FFN) -> bool:
 def _block_values(f: FFN, h: np.ndarray) -> int:
     """Values per weight block of ``f``'s gate/up, which its rows are quantized by: 32, or Q6's 16."""
     return h.shape[1] // f.gate_up.q.shape[1]
-
-
-class Routing(NamedTuple):
-    """How a layer's router turns scores into (expert, weight) pairs."""
-
-    gating: int  # GATING_SOFTMAX or GATING_SIGMOID
-    k: int  # experts per token
-    norm: bool  # renormalise the k weights to sum 1
-    scale: float  # multiply the weights by this (0 or 1: no scaling)
-    n_group: int  # grouped selection when > 1 (glm4moe, deepseek)
-    topk_group: int  # groups kept
-
-
-def routing(hp: HParams, gating: int, norm: bool) -> Routing:
-    """The rule of a model: the architecture's gating and renormalisation unless the file says
-    otherwise (``expert_gating_func``, ``expert_weights_norm``), and the file's k, scale, groups."""
-    return Routing(
-        gating=hp.expert_gating_func or gating,
-        k=hp.n_expert_used,
-        norm=norm if hp.expert_weights_norm is None else hp.expert_weights_norm,
-        scale=hp.expert_weights_scale,
-        n_group=hp.n_expert_groups,
-        topk_group=hp.n_group_used,
-    )
-
-
-# -- routing ---------------------------------------------------------------------------------------
-
-
-@nb.njit(parallel=True, **_JIT_FAST)
-def router_logits(h: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
-    """``out[t, e] = w[e] · h[t]``, each logit on its own (no BLAS: a row's logits do not depend
-    on how many rows the step has). A work item is one logit, so that a decode token's router is
-    read by both threads, not one."""
-    n_exp = w.shape[0]
-    for item in nb.prange(h.shape[0] * n_exp):
-        t = item // n_exp
-        e = item - t * n_exp
-        we, ht = w[e], h[t]
-        acc = np.float32(0.0)
-        for i in range(w.shape[1]):
-            acc += we[i] * ht[i]
-        out[t, e] = acc
-
-
-@nb.njit(**_JIT)
-def _top_k(scores: np.ndarray, allowed: np.ndarray, k: int, ids: np.ndarray) -> None:
-    """The k best allowed scores, best first (ties: the lower expert id first)."""
-    taken = ~allowed
-    for r in range(k):
-        best = -1
-        for e in range(scores.shape[0]):
-            if not taken[e] and (best < 0 or scores[e] > scores[best]):
-                best = e
-        ids[r] = best
-        taken[best] = True
-
-
-@nb.njit(**_JIT)
-def route(logits: np.ndarray, bias: np.ndarray, rule: Routing, ids: np.ndarray, weights: np.ndarray) -> None:
-    """Experts ``ids[t, :k]`` (best first) and weights ``weights[t, :k]`` of every row."""
-    n_exp = logits.shape[1]
-    probs = np.empty(n_exp, np.float32)
-    select = np.empty(n_exp, np.float32)
-    allowed = np.ones(n_exp, np.bool_)
-    per_group = n_exp // max(rule.n_group, 1)
-    group_score = np.empty(max(rule.n_group, 1), np.float32)
-    group_ids = np.empty(max(rule.topk_group, 1), np.int64)
-    for t in range(logits.shape[0]):
-        row = logits[t]
-        if rule.gating == GATING_SIGMOID:
-            for e in range(n_exp):
-                probs[e] = np.float32(1.0) / (np.float32(1.0) + np.exp(-row[e]))
-        else:
-            peak = row.max()
-            total = np.float32(0.0)
-            for e in range(n_exp):
-                probs[e] = np.exp(row[e] - peak)
-                total += probs[e]
-            for e in range(n_exp):
-                probs[e] /= total
-        # The selection scores: the weights' scores plus the selection-only bias.
-        for e in range(n_exp):
-            select[e] = probs[e] + bias[e] if bias.shape[0] > 0 else probs[e]
-        allowed[:] = True
-        if rule.n_group > 1:
-            for g in range(rule.n_group):
-                first = second = -np.inf
-                for e in range(g * per_group, (g + 1) * per_group):
-                    s = select[e]
-                    if s > first:
-                        first, second = s, first
-                    elif s > second:
-                        second = s
-                group_score[g] = first + second if per_group > 1 else first
-            _top_k(group_score, np.ones(rule.n_group, np.bool_), rule.topk_group, group_ids)
-            allowed[:] = False
-            for gi in range(rule.topk_group):
-                g = group_ids[gi]
-                allowed[g * per_group : (g + 1) * per_group] = True
-        _top_k(select, allowed, rule.k, ids[t])
-        total = np.float32(0.0)
-        for r in range(rule.k):
-            weights[t, r] = probs[ids[t, r]]
-            total += weights[t, r]
-        if rule.norm:
-            total = max(total, np.float32(6.103515625e-5))  # llama.cpp's clamp (F16's smallest normal)
-            for r in range(rule.k):
-                weights[t, r] /= total
-        if rule.scale != 0.0 and rule.scale != 1.0:
-            for r in range(rule.k):
-                weights[t, r] *= np.float32(rule.scale)
-
-
-@nb.njit(**_JIT)
-def route_rows(h: np.ndarray, router: np.ndarray, bias: np.ndarray, rule: Routing, ids: np.ndarray,
-               weights: np.ndarray) -> None:
-    """``router_logits`` then ``route``: one compiled call a layer, not two and an allocation."""
-    logits = np.empty((h.shape[0], router.shape[0]), np.float32)
-    router_logits(h, router, logits)
-    route(logits, bias, rule, ids, weights)
 
 
 @nb.njit(**_JIT)
@@ -252,7 +141,7 @@ def _quantized_pairs(h: np.ndarray, d_rows: np.ndarray, per: int) -> tuple[np.nd
 
 
 @nb.njit(parallel=True, **_JIT)
-def _swiglu_quantized(gu: np.ndarray, n_ff: int, per: int) -> tuple[np.ndarray, ...]:
+def _swiglu_quantized(gu: np.ndarray, n_ff: int, per: int, ex: ExpertExtras) -> tuple[np.ndarray, ...]:
     """``quantize_rows(swiglu(gate, up), per, EXPERT_LEVELS)`` of rows ``[gate | up]``, the gate
     halves overwritten: both steps a row at a time in one parallel region (serial, the SwiGLU of a
     prompt's pairs took 0.11 s of a 2.5 s qwen3moe prefill)."""
@@ -261,43 +150,83 @@ def _swiglu_quantized(gu: np.ndarray, n_ff: int, per: int) -> tuple[np.ndarray, 
     dx = np.empty((t_rows, EXPERT_LEVELS, n_ff // per), np.float32)
     sx = np.empty((t_rows, EXPERT_LEVELS, n_ff // per), np.int32)
     if t_rows == 1:  # no parallel region for one row (an expert applied alone to a decode row)
-        _swiglu_quantized_row(gu, 0, n_ff, per, xq, dx, sx)
+        _swiglu_quantized_row(gu, 0, n_ff, per, xq, dx, sx, ex)
     else:
         for t in nb.prange(t_rows):
-            _swiglu_quantized_row(gu, t, n_ff, per, xq, dx, sx)
+            _swiglu_quantized_row(gu, t, n_ff, per, xq, dx, sx, ex)
     return xq, dx, sx
 
 
 @nb.njit(**_JIT)
+def _activate(gate: np.ndarray, up: np.ndarray, ex: ExpertExtras) -> None:
+    """``gate = swiglu(gate, up)``, clamped as gpt-oss's where ``ex.limit`` is set."""
+    if ex.limit > 0.0:
+        swiglu_clamped(gate, up, ex.alpha, ex.limit)
+    else:
+        swiglu(gate, up)
+
+
+@nb.njit(**_JIT)
 def _swiglu_quantized_row(gu: np.ndarray, t: int, n_ff: int, per: int, xq: np.ndarray, dx: np.ndarray,
-                          sx: np.ndarray) -> None:
+                          sx: np.ndarray, ex: ExpertExtras) -> None:
     row = gu[t : t + 1]
-    swiglu(row[:, :n_ff], row[:, n_ff:])
+    _activate(row[:, :n_ff], row[:, n_ff:], ex)
     quantize_row(gu[t, :n_ff], per, xq[t], dx[t], sx[t])
 
 
 @nb.njit(**_JIT)
+def _add_expert_bias(y: np.ndarray, bias: np.ndarray, ids: np.ndarray, starts: np.ndarray) -> None:
+    """Rows ``starts[i]:starts[i + 1]`` of ``y`` += expert ``ids[i]``'s bias (none: ``bias`` empty)."""
+    if bias.shape[0] == 0:
+        return
+    for i in range(ids.shape[0]):
+        add_bias(y[starts[i] : starts[i + 1]], bias[ids[i]])
+
+
+@nb.njit(**_JIT)
 def _int8_experts(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, pool: ExpertWeights, n_slots: int,
-                  slots: np.ndarray, starts: np.ndarray, y: np.ndarray) -> None:
+                  slots: np.ndarray, starts: np.ndarray, y: np.ndarray, ids: np.ndarray,
+                  ex: ExpertExtras) -> None:
     """Expert i's SwiGLU FFN on rows ``starts[i]:starts[i + 1]`` into ``y``'s, given quantized
     (``EXPERT_LEVELS``): ``int8_matmul_slots`` for both matrices, every expert in one parallel
-    region each."""
+    region each; ``ids[i]``: expert i's id, whose biases ``ex`` holds."""
     up, down = pool.gate_up, pool.down
     n_ff = up.n_rows // n_slots // 2
     gu = np.empty((xq.shape[0], 2 * n_ff), np.float32)
     int8_matmul_slots(xq, dx, sx, up, n_slots, slots, starts, gu)
-    xq, dx, sx = _swiglu_quantized(gu, n_ff, n_ff // down.q.shape[1])
+    _add_expert_bias(gu, ex.gate_up_bias, ids, starts)
+    xq, dx, sx = _swiglu_quantized(gu, n_ff, n_ff // down.q.shape[1], ex)
     int8_matmul_slots(xq, dx, sx, down, n_slots, slots, starts, y)
+    _add_expert_bias(y, ex.down_bias, ids, starts)
+
+
+@nb.njit(**_JIT)
+def _float_expert(x: np.ndarray, f: FFN, n_direct: int, out: np.ndarray, e: int, ex: ExpertExtras) -> None:
+    """An expert of another kind (float, the file's blocks): ``swiglu_ffn``, or with expert
+    ``e``'s biases and the clamped SwiGLU where ``ex`` has them."""
+    if ex.limit == 0.0 and ex.gate_up_bias.shape[0] == 0:
+        swiglu_ffn(x, f.gate_up, f.down, n_direct, out)
+        return
+    n_ff = f.gate_up.n_rows // 2
+    gu = np.empty((x.shape[0], 2 * n_ff), np.float32)
+    qmatmul(x, f.gate_up, gu, n_direct)
+    if ex.gate_up_bias.shape[0] > 0:
+        add_bias(gu, ex.gate_up_bias[e])
+    gate = np.ascontiguousarray(gu[:, :n_ff])
+    _activate(gate, gu[:, n_ff:], ex)
+    qmatmul(gate, f.down, out, n_direct)
+    if ex.down_bias.shape[0] > 0:
+        add_bias(out, ex.down_bias[e])
 
 
 @nb.njit(**_JIT)
 def apply_experts(
     h: np.ndarray, n_direct: int, pool: ExpertWeights, n_slots: int, slots: np.ndarray,
-    starts: np.ndarray, rows: np.ndarray, y: np.ndarray,
+    starts: np.ndarray, rows: np.ndarray, y: np.ndarray, ids: np.ndarray, ex: ExpertExtras,
 ) -> None:
-    """Expert i, slot ``slots[i]`` of the ``n_slots`` stacked in ``pool`` (``packed.slot``; an
-    expert alone is slot 0 of 1), on its pairs: ``y[j] = expert_i(h[rows[j]])`` for j in
-    ``starts[i]:starts[i + 1]``. Packed Q4/Q5/Q6/Q8 experts take every pair at once,
+    """Expert i (id ``ids[i]``), slot ``slots[i]`` of the ``n_slots`` stacked in ``pool``
+    (``packed.slot``; an expert alone is slot 0 of 1), on its pairs: ``y[j] = expert_i(h[rows[j]])``
+    for j in ``starts[i]:starts[i + 1]``. Packed Q4/Q5/Q6/Q8 experts take every pair at once,
     decode and prompt rows alike, one parallel region per matrix for all the experts
     (``_int8_experts``; ``int8_matmul_slots`` splits each expert's groups evenly between the
     threads): expert by expert, a prompt's experts took four regions each, and the whole was 7-8%
@@ -307,7 +236,7 @@ def apply_experts(
     if _int8_ffn(pool):
         lo, hi = starts[0], starts[-1]
         xq, dx, sx = _quantized_pairs(h, rows[lo:hi], _block_values(pool, h))
-        _int8_experts(xq, dx, sx, pool, n_slots, slots, starts - lo, y[lo:hi])
+        _int8_experts(xq, dx, sx, pool, n_slots, slots, starts - lo, y[lo:hi], ids, ex)
         return
     for i in range(slots.shape[0]):
         a, b = starts[i], starts[i + 1]
@@ -317,8 +246,8 @@ def apply_experts(
         for j in range(a, b):
             if rows[j] < n_direct:
                 sub_direct += 1
-        w = slot(pool.gate_up, slots[i], n_slots), slot(pool.down, slots[i], n_slots)
-        swiglu_ffn(_gather(h, rows[a:b]), w[0], w[1], sub_direct, y[a:b])
+        w = FFN(slot(pool.gate_up, slots[i], n_slots), slot(pool.down, slots[i], n_slots))
+        _float_expert(_gather(h, rows[a:b]), w, sub_direct, y[a:b], ids[i], ex)
 
 
 @nb.njit(**_JIT)
@@ -350,7 +279,7 @@ def add_shared_expert(h: np.ndarray, f: FFN, gate: np.ndarray, n_direct: int, ou
     y = np.empty_like(out)
     if _int8_ffn(f):
         xq, dx, sx = quantize_rows(h, _block_values(f, h), EXPERT_LEVELS)
-        _int8_experts(xq, dx, sx, f, 1, _SLOT_0, np.array([0, h.shape[0]], np.int64), y)
+        _int8_experts(xq, dx, sx, f, 1, _SLOT_0, np.array([0, h.shape[0]], np.int64), y, _SLOT_0, NO_EXTRAS)
     else:
         swiglu_ffn(h, f.gate_up, f.down, n_direct, y)
     if gate.shape[0] > 0:
@@ -368,21 +297,22 @@ def add_shared_expert(h: np.ndarray, f: FFN, gate: np.ndarray, n_direct: int, ou
 def resident_ffn(
     h: np.ndarray, n_direct: int, router: np.ndarray, bias: np.ndarray, rule: Routing,
     pool: ExpertWeights, shared: FFN, shared_gate: np.ndarray, heat: np.ndarray, hits: np.ndarray,
-    decay: np.float32, out: np.ndarray,
+    decay: np.float32, out: np.ndarray, ex: ExpertExtras,
 ) -> int:
     """A MoE layer's whole FFN when its experts are resident and stacked (``ExpertStore.
     resident_layer``), in one compiled call: routing, the heat and HITS of the experts used,
-    the experts, their sum and the shared expert (none: ``_NO_SHARED``). Returns how many distinct
-    experts it applied. Between parallel regions there is no Python: OpenMP's threads spin
-    through the gaps instead of falling asleep and waiting on a wake-up (docs/performance.md)."""
+    the experts (with ``ex``'s biases), their sum and the shared expert (none: ``_NO_SHARED``).
+    Returns how many distinct experts it applied. Between parallel regions there is no Python:
+    OpenMP's threads spin through the gaps instead of falling asleep and waiting on a wake-up
+    (docs/performance.md)."""
     t_rows, k = h.shape[0], rule.k
     ids = np.empty((t_rows, k), np.int64)
     weights = np.empty((t_rows, k), np.float32)
-    route_rows(h, router, bias, rule, ids, weights)
+    route_rows(h, router, ex.router_bias, bias, rule, ids, weights)
     experts, starts, rows, pair = by_expert(ids, router.shape[0])
     note_routing(heat, hits, experts, decay)
     y = np.empty((t_rows * k, h.shape[1]), np.float32)
-    apply_experts(h, n_direct, pool, router.shape[0], experts, starts, rows, y)
+    apply_experts(h, n_direct, pool, router.shape[0], experts, starts, rows, y, experts, ex)
     combine(y, pair, weights, out)
     if shared.down.n_rows > 0:
         add_shared_expert(h, shared, shared_gate, n_direct, out)
@@ -396,9 +326,11 @@ class MoEFFN:
     def __init__(
         self, layer: int, router: np.ndarray, bias: np.ndarray, rule: Routing, store: ExpertStore,
         shared: FFN | None = None, shared_gate: np.ndarray | None = None, predictable: bool = True,
+        extras: ExpertExtras = NO_EXTRAS,
     ) -> None:
         """``predictable``: the layer before may guess its experts by its router (``predict``)."""
         self.layer, self.router, self.bias, self.rule, self.store = layer, router, bias, rule, store
+        self.extras = extras
         self.shared = shared
         self.shared_gate = shared_gate if shared_gate is not None else np.zeros(0, np.float32)
         if predictable:
@@ -408,7 +340,7 @@ class MoEFFN:
         """Each row's experts ``ids[t, :k]`` (best first) and their weights."""
         ids = np.empty((h.shape[0], self.rule.k), np.int64)
         weights = np.empty((h.shape[0], self.rule.k), np.float32)
-        route_rows(h, self.router, self.bias, self.rule, ids, weights)
+        route_rows(h, self.router, self.extras.router_bias, self.bias, self.rule, ids, weights)
         return ids, weights
 
     def predict(self, h: np.ndarray) -> np.ndarray:
@@ -424,7 +356,7 @@ class MoEFFN:
             start = time.perf_counter()
             used = resident_ffn(h, n_direct, self.router, self.bias, self.rule, resident.pool,
                                 self.shared or _NO_SHARED, self.shared_gate, resident.heat, resident.hits,
-                                _DECAY, out)
+                                _DECAY, out, self.extras)
             self.store.note_compute(time.perf_counter() - start)
             self.store.note_resident_use(used)
             return out
@@ -437,7 +369,8 @@ class MoEFFN:
         for i, e in enumerate(experts.tolist()):
             weights_e = self.store.get(self.layer, e)
             start = time.perf_counter()
-            apply_experts(h, n_direct, weights_e, 1, _SLOT_0, starts[i : i + 2], rows, y)
+            apply_experts(h, n_direct, weights_e, 1, _SLOT_0, starts[i : i + 2], rows, y, experts[i : i + 1],
+                          self.extras)
             self.store.note_compute(time.perf_counter() - start)
         combine(y, pair, weights, out)
         if self.shared is not None:
@@ -446,9 +379,10 @@ class MoEFFN:
 
 
 def load_moe_ffn(gguf: GGUFFile, layer: int, rule: Routing, store: ExpertStore,
-                 predictable: bool = True) -> MoEFFN:
+                 predictable: bool = True, clamp: tuple[float, float] = (0.0, 0.0)) -> MoEFFN:
     """Layer ``layer``'s router (``ffn_gate_inp``), selection bias (``exp_probs_b``) and shared
-    expert (``ffn_*_shexp``, gated by ``ffn_gate_inp_shexp``) where the file has them."""
+    expert (``ffn_*_shexp``, gated by ``ffn_gate_inp_shexp``) where the file has them, and gpt-oss's
+    biases (``ExpertExtras``); ``clamp``: the clamped SwiGLU's (alpha, limit), (0, 0) for the plain."""
     p = f"blk.{layer}."
     if layer not in store.layers:
         raise GGUFError(f"{gguf.path}: layer {layer} has a router but no 3-D expert tensors "
@@ -457,24 +391,25 @@ def load_moe_ffn(gguf: GGUFFile, layer: int, rule: Routing, store: ExpertStore,
     router, bias = load_matrix(gguf, p + "ffn_gate_inp.weight"), optional_vector(gguf, p + "exp_probs_b.bias")
     check_routing(gguf, layer, rule, router, bias, store.n_experts)
     shared_gate = optional_vector(gguf, p + "ffn_gate_inp_shexp.weight")
-    return MoEFFN(layer, router, bias, rule, store, shared, shared_gate, predictable)
+    extras = expert_extras(gguf, p, store.n_experts, router.shape[1], clamp)
+    return MoEFFN(layer, router, bias, rule, store, shared, shared_gate, predictable, extras)
 
 
-def check_routing(gguf: GGUFFile, layer: int, rule: Routing, router: np.ndarray, bias: np.ndarray,
-                  n_expert: int) -> None:
-    """The kernels index by these numbers without bounds checks: a file whose routing metadata
-    cannot work is refused at load, with the reason, rather than giving garbage or a crash."""
-    where = f"{gguf.path}: layer {layer}:"
-    if router.shape[0] != n_expert:
-        raise GGUFError(f"{where} the router has {router.shape[0]} rows for {n_expert} experts")
-    if bias.shape[0] not in (0, n_expert):
-        raise GGUFError(f"{where} exp_probs_b has {bias.shape[0]} values for {n_expert} experts")
-    if not 1 <= rule.k <= n_expert:
-        raise GGUFError(f"{where} expert_used_count {rule.k} is not within 1..{n_expert}")
-    if rule.n_group > 1:
-        if n_expert % rule.n_group or not 1 <= rule.topk_group <= rule.n_group:
-            raise GGUFError(f"{where} {rule.n_group} expert groups (keeping {rule.topk_group}) "
-                            f"do not divide {n_expert} experts")
-        if rule.k > rule.topk_group * (n_expert // rule.n_group):
-            raise GGUFError(f"{where} top-{rule.k} cannot be taken from {rule.topk_group} groups of "
-                            f"{n_expert // rule.n_group}")
+def expert_extras(gguf: GGUFFile, p: str, n_expert: int, n_embd: int,
+                  clamp: tuple[float, float]) -> ExpertExtras:
+    """The router's and the experts' biases of the layer at prefix ``p`` (gate's and up's stacked as
+    the experts' rows are), checked against the shapes the kernels index them by."""
+    names = [f"{p}ffn_{x}_exps.bias" for x in ("gate", "up", "down")]
+    router_bias = optional_vector(gguf, p + "ffn_gate_inp.bias")
+    if not any(n in gguf.tensors for n in names) and clamp == (0.0, 0.0) and router_bias.shape[0] == 0:
+        return NO_EXTRAS
+    if not all(n in gguf.tensors for n in names):
+        raise GGUFError(f"{gguf.path}: {p}: expert biases must be given for gate, up and down together")
+    gate, up, down = (load_matrix(gguf, n) for n in names)
+    n_ff = gguf.tensors[p + "ffn_down_exps.weight"].shape[0]
+    if (gate.shape != (n_expert, n_ff) or up.shape != gate.shape or down.shape != (n_expert, n_embd)
+            or router_bias.shape[0] not in (0, n_expert)):
+        raise GGUFError(f"{gguf.path}: {p}: expert biases of shapes {gate.shape}, {up.shape}, {down.shape} "
+                        f"for {n_expert} experts of {n_ff} x {n_embd}")
+    return ExpertExtras(router_bias, np.ascontiguousarray(np.concatenate([gate, up], axis=1)), down,
+                        float(clamp[0]), float(clamp[1]))
