@@ -47,9 +47,10 @@ MIN_TOP1_AGREEMENT = {"q8_0": 0.90, "q4_0": 0.90, "q4_k_m": 0.85, "mxfp4_moe": 0
 # The quantizations each checkpoint is held to. deepseek3_yarn is there for YaRN's arithmetic (f32
 # above, q8_0 and q4_0 here); its q4_k_m file, whose rows of 32 and 64 fall back to Q5_0, keeps
 # 0.61 of transformers' choices in llama.cpp (0.75 here): the file's rounding, not the kernels'.
-# gpt_oss's experts lie on MXFP4's grid (its own format, exact there), which Q4_0 does not hold;
-# mxfp4_moe (llama.cpp's MXFP4_MOE: experts MXFP4, the rest Q8_0) is gpt_oss's alone.
-NOT_HELD = {("deepseek3_yarn", "q4_k_m"), ("gpt_oss", "q4_0")}
+# gpt_oss's experts lie on MXFP4's grid (its own format, exact there), which Q4_0's and Q5_0's (the
+# tiny rows' K-quant fallback) do not hold: 0.71 of its choices kept in q4_k_m; mxfp4_moe
+# (llama.cpp's MXFP4_MOE: experts MXFP4, the rest Q8_0) is gpt_oss's alone.
+NOT_HELD = {("deepseek3_yarn", "q4_k_m"), ("gpt_oss", "q4_0"), ("gpt_oss", "q4_k_m")}
 QUANTIZED = [(a, t) for a in MOE_ARCHS for t in MIN_TOP1_AGREEMENT
              if (a, t) not in NOT_HELD and (t != "mxfp4_moe" or a == "gpt_oss")]
 # The command line and the batched routing on every layout but deepseek3_yarn (deepseek3's with
