@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from colibri.api.harmony import HarmonySplit, split_harmony, template_speaks_harmony
+from colibri.api.harmony import HarmonySplit, split_harmony
+from colibri.model.chat import speaks_harmony
 from colibri.model.tool_format import ToolSet
 
 TOOLS = ToolSet(({"name": "get_weather", "parameters": {"type": "object"}},))
@@ -59,6 +60,12 @@ def test_a_recipient_in_the_role_header() -> None:
     assert [c.name for c in TOOLS.read_markers(answer)[1]] == ["get_weather"]
 
 
+def test_a_call_ended_by_its_stop_token_is_whole() -> None:
+    """``<|call|>`` ends the generation: it is no text, and the call at the reply's end is whole."""
+    _, answer = split_harmony('<|channel|>commentary to=functions.get_weather<|message|>{"city": "Oslo"}')
+    assert [c.name for c in TOOLS.read_markers(answer)[1]] == ["get_weather"] and "</tool_call>" in answer
+
+
 def test_a_cut_call_is_left_open() -> None:
     """``max_tokens`` inside a call: an unclosed marker, which ``tools.cut_call`` drops."""
     _, answer = split_harmony('<|channel|>commentary to=functions.get_weather<|message|>{"city": "Os')
@@ -80,6 +87,6 @@ def test_reasoning_tokens_count_the_analysis_bodies() -> None:
     assert split.reasoning_tokens == 3  # "a", "b", and the <|end|> that closed the body
 
 
-def test_template_speaks_harmony() -> None:
-    assert template_speaks_harmony("{{ '<|start|>assistant<|channel|>final<|message|>' }}")
-    assert not template_speaks_harmony("<|im_start|>assistant\n<think>")
+def test_speaks_harmony() -> None:
+    assert speaks_harmony("{{ '<|start|>assistant<|channel|>final<|message|>' }}")
+    assert not speaks_harmony("<|im_start|>assistant\n<think>")

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from colibri.api.engine_client import EngineClient, EngineDied, Ticket
+from colibri.api.harmony import HarmonySplit
 from colibri.api.metrics import ServerMetrics
 from colibri.api.openai_requests import Generation
 from colibri.api.reasoning import ReasoningSplit
@@ -90,7 +91,8 @@ class GenerationRun:
         self.metrics, self.counters, self.count_tokens = metrics, counters, count_tokens
         self.stops = StopMatcher(gen.stops)
         # A thinking model's reply, split after the stop strings (they apply to the whole text).
-        self.split = ReasoningSplit(gen.reasoning_open) if gen.reasoning else None
+        self.split = (HarmonySplit() if gen.harmony else ReasoningSplit(gen.reasoning_open) if gen.reasoning
+                      else None)
         self.tokens: list[TokenLogprob] = []
         self.done: Done | None = None
         self.perf: Perf | None = None

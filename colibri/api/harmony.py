@@ -9,7 +9,8 @@ A reply is a run of messages, each a header and a body::
 
 (the prompt ends with ``<|start|>assistant``, so the first header has no role). The vocabulary's
 harmony tokens render as their text for such a model (``tokenizer.HARMONY_TEXTS``), and
-``<|return|>`` and ``<|call|>`` end the generation, ``<|end|>`` only a message. A call leaves here
+``<|return|>`` and ``<|call|>`` end the generation (so a reply's last one is no text), ``<|end|>``
+only a message. A call leaves here
 as the Hermes markers every template-style tool plan reads (``tool_format.CALL_OPEN``), its
 arguments the body's JSON, so it becomes an OpenAI ``tool_calls`` entry like any other; a call cut
 by ``max_tokens`` leaves as an unclosed marker, which the server drops (``tools.cut_call``).
@@ -39,11 +40,6 @@ FUNCTIONS = "functions."  # the namespace the template declares the client's too
 
 # The states: before the first header (it may be none), in a header, in a body, a plain reply.
 _START, _HEADER, _BODY, _PLAIN = "start", "header", "body", "plain"
-
-
-def template_speaks_harmony(source: str) -> bool:
-    """A chat template that writes harmony's headers: its replies are split here."""
-    return CHANNEL in source and MESSAGE in source
 
 
 def _partial_marker(text: str) -> int:
@@ -129,10 +125,22 @@ class HarmonySplit:
             return r, a, True
         keep = len(buf) if final else len(buf) - _partial_marker(buf)
         self._buf = buf[keep:]
+        if self._recipient is not None and final:  # the reply ends inside a call
+            self._call += buf[:keep]
+            if self._whole_call():
+                return "", self._call_text(), False
+            return "", self._call_open() + self._call if self._call else "", False  # cut short: unclosed
         r, a = self._emit(buf[:keep], closed=False)
-        if final and self._recipient is not None and self._call:  # a call cut short: unclosed
-            a += self._call_open() + self._call
         return r, a, False
+
+    def _whole_call(self) -> bool:
+        """A call at the end of the reply whose arguments are whole JSON: its ``<|call|>`` ended the
+        generation (a stop token, never text)."""
+        try:
+            json.loads(self._call)
+        except ValueError:
+            return False
+        return True
 
     def _emit(self, piece: str, closed: bool) -> tuple[str, str]:
         if self._recipient is not None:

@@ -41,6 +41,7 @@ from colibri.api.tools import (
 )
 from colibri.errors import ColibriError
 from colibri.io.events import TOPK_CANDIDATES
+from colibri.model.chat import speaks_harmony
 from colibri.model.text import ClientMarkupError
 
 # The engine's TOPK lines carry this many candidates: the most top_logprobs can give.
@@ -164,6 +165,8 @@ class Generation:
     # reasoning block and no grammar holds the output; ``reasoning_open``: it starts inside it.
     reasoning: bool = False
     reasoning_open: bool = False
+    # The reply is in harmony's channels (gpt-oss: ``harmony.py`` splits it; ``reasoning`` too).
+    harmony: bool = False
     # What every sampled token must match (``structured.py``'s grammar contract); None: free text.
     grammar: str | None = None
     # The offered tools: the answer's text goes through ``tools.split_output`` with it.
@@ -431,8 +434,9 @@ def parse_chat(
     clean = _chat_messages(body.get("messages"))
     if template_tools is None:
         template_tools = _template_flag(render, "template_uses_tools")
+    harmony = speaks_harmony(_template_source(render))
     if template_thinks is None:
-        template_thinks = reasoning.template_thinks(_template_source(render))
+        template_thinks = reasoning.template_thinks(_template_source(render)) or harmony
     plan = parse_tools(body, template_tools)
     grammar = _grammar(body, plan)
     style = plan.style if plan is not None else ("template" if template_tools else "generic")
@@ -450,7 +454,8 @@ def parse_chat(
     gen.enable_thinking, gen.template_kwargs, gen.grammar, gen.tools = think, kwargs, grammar, plan
     # A grammar holds the whole output (a tool envelope, the client's schema): no room for a block.
     gen.reasoning = template_thinks and grammar is None
-    gen.reasoning_open = gen.reasoning and reasoning.opens_reasoning(prompt)
+    gen.harmony = harmony and grammar is None
+    gen.reasoning_open = gen.reasoning and not harmony and reasoning.opens_reasoning(prompt)
     return gen
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from colibri.errors import ColibriError
-from colibri.model.chat import BUILTIN_TEMPLATES, ChatTemplate
+from colibri.model.chat import BUILTIN_TEMPLATES, ChatTemplate, speaks_harmony
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.gguf import GGUFFile
 
@@ -75,10 +75,12 @@ class ModelText:
 
     @property
     def template_uses_tools(self) -> bool:
-        """The template renders ``tools`` itself and writes Hermes/Qwen ``<tool_call>`` markers,
-        the ones the server parses back; other templates get the server's generic tool format."""
+        """The template renders ``tools`` itself and writes Hermes/Qwen ``<tool_call>`` markers, or
+        harmony's calls (which the server turns into those markers), the ones the server parses
+        back; other templates get the server's generic tool format."""
         template = self.chat_template
-        return template.takes_tools and "<tool_call>" in template.source
+        return template.takes_tools and ("<tool_call>" in template.source
+                                         or speaks_harmony(template.source))
 
     @cached_property
     def _control_texts(self) -> tuple[str, ...]:
