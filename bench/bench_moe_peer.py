@@ -1,6 +1,6 @@
 """The MoE headline: colibri's expert store against llama.cpp on the same file, under memory caps.
 
-    python bench/bench_moe_peer.py [--arch llama|llama-q4km|qwen3moe|glm4moe|deepseek2 | --gguf PATH]
+    python bench/bench_moe_peer.py [--arch llama|llama-q4km|qwen3moe|glm4moe|deepseek2|gpt-oss | --gguf PATH]
         [--caps 1.5:0.6,1.0:0.3]
         [--tokens 64] [--runs 3] [--no-uncapped] [--read-mbps N] [--readahead-ways] [--no-peer]
 
@@ -12,7 +12,9 @@ vocabulary so that llama.cpp loads it: ``--arch llama`` (the default) 24 layers 
 x 1024, top-8, plus a shared one, sigmoid routing with a selection bias, q/k/v biases, 24 heads of
 128, half of each rotated) in the same mix, 2.09 GiB; ``--arch deepseek2`` DeepSeek-V2-Lite's
 (``DEEPSEEK2``: latent attention, a dense first layer, then 64 experts of 768 x 1024, top-6, plus
-two shared ones, softmax routing) in the same mix; ``--arch llama-q4km`` the llama file
+two shared ones, softmax routing) in the same mix; ``--arch gpt-oss`` gpt-oss-20b's (``GPT_OSS``:
+64 experts of 1024 x 1024 in MXFP4, top-4, biases, sinks, sliding layers, the rest Q8_0), 1.4 GiB;
+``--arch llama-q4km`` the llama file
 requantized by llama.cpp's own quantizer to its Q4_K_M mix (once, cached), 2.98 GB. Each case is a
 memory cap (GB, RSS plus page cache, as a small machine's RAM: ``memcap.py`` says how it is applied
 here) and colibri's ``--ram-budget`` (GiB) under it, then one case with no cap and no budget.
@@ -92,9 +94,15 @@ GLM4MOE = dict(arch="glm4moe", n_layers=24, n_experts=64, n_used=8, n_embd=1024,
 # too: make_synthetic_moe.DEEPSEEK_MLA), its experts as narrow as the others'.
 DEEPSEEK2 = dict(arch="deepseek2", n_layers=24, n_experts=64, n_used=6, n_embd=1024, n_ff=768,
                  n_heads=16, n_kv_heads=1, head_dim=64, n_vocab=4096)
+# gpt-oss-20b's shape (24 layers, 32 experts of 2880 x 2880 top-4, 64 heads of 64, 8 KV heads,
+# sinks, sliding layers) at about a third of its width, twice its experts (the other files' count):
+# MXFP4 experts, the rest Q8_0, as llama.cpp's MXFP4_MOE writes it (tools/synthetic_gpt_oss.py).
+GPT_OSS = dict(arch="gpt-oss", n_layers=24, n_experts=64, n_used=4, n_embd=1024, n_ff=1024,
+               n_heads=16, n_kv_heads=4, head_dim=64, n_vocab=4096)
 FILES = {"llama": (bench_moe.DEFAULT_GGUF, {}), "qwen3moe": (CACHE / "synthetic-qwen3moe.gguf", QWEN3MOE),
          "glm4moe": (CACHE / "synthetic-glm4moe.gguf", GLM4MOE),
-         "deepseek2": (CACHE / "synthetic-deepseek2.gguf", DEEPSEEK2)}
+         "deepseek2": (CACHE / "synthetic-deepseek2.gguf", DEEPSEEK2),
+         "gpt-oss": (CACHE / "synthetic-gpt-oss.gguf", GPT_OSS)}
 # ``--arch llama-q4km``: the Q4_0 file requantized by llama.cpp's own quantizer to its Q4_K_M mix
 # (``llama_model_quantize``, ``allow_requantize``), as the K-quant files people download are made.
 REQUANTIZED = {"llama-q4km": ("llama", "Q4_K_M")}

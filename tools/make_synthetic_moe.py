@@ -17,14 +17,14 @@ head size of its own, top-8 of many narrow experts) and ``--arch glm4moe`` (GLM-
 biases, NEOX RoPE on half of each head, a leading dense layer, sigmoid routing steered by a
 selection bias, an ungated shared expert beside the routed ones) and ``--arch deepseek2``
 (DeepSeek-V2-Lite's: latent attention, two shared experts, softmax routing, a leading dense
-layer), all three quantized as llama.cpp's
+layer), all quantized as llama.cpp's
 Q4_K_M mix has it (Q4_K, with Q6_K for ``attn_v`` and every ``ffn_down`` in the layers its
 ``use_more_bits`` picks, and for ``output``). Random K-quant blocks are drawn directly in their
 byte layout (a reference quantizer would take minutes per GB); the embedding is quantized from
-real values.
+real values. ``--arch gpt-oss`` (gpt-oss-20b's, MXFP4 experts: ``synthetic_gpt_oss.py``).
 
-    python tools/make_synthetic_moe.py OUT.gguf [--arch llama|qwen3moe|glm4moe|deepseek2] [--layers 24]
-        [--experts 64] [--used 4] [--embd 1024] [--ff 1024] [--vocab 4096] [--heads 8]
+    python tools/make_synthetic_moe.py OUT.gguf [--arch llama|qwen3moe|glm4moe|deepseek2|gpt-oss]
+        [--layers 24] [--experts 64] [--used 4] [--embd 1024] [--ff 1024] [--vocab 4096] [--heads 8]
         [--kv-heads 4] [--head-dim D] [--nextn]
 """
 
@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import gguf
 import numpy as np
+import synthetic_gpt_oss
 
 from colibri.store.formats import FORMATS, GGMLType, quantize, row_nbytes
 
@@ -127,7 +128,9 @@ Q4_K = gguf.GGMLQuantizationType.Q4_K
 Q6_K = gguf.GGMLQuantizationType.Q6_K
 F32 = gguf.GGMLQuantizationType.F32
 # Each block type's random rows.
-_RANDOM = {Q4: _random_q4_0, Q4_K: _random_q4_k, Q6_K: _random_q6_k}
+_RANDOM = {Q4: _random_q4_0, Q4_K: _random_q4_k, Q6_K: _random_q6_k,
+           synthetic_gpt_oss.Q8: lambda rng, rows, cols: synthetic_gpt_oss.random_q8_0(rng, rows, cols,
+                                                                                      _spread(cols))}
 
 
 def _row_bytes(qtype: gguf.GGMLQuantizationType, cols: int) -> int:
@@ -262,6 +265,9 @@ class _Plan:
 
     def layer(self, i: int, shape: Shape) -> None:
         p, w, n_embd, n_ff = f"blk.{i}.", self.weights, shape.n_embd, shape.n_ff
+        if shape.arch == "gpt-oss":
+            synthetic_gpt_oss.layer(self, i, shape, _spread)
+            return
         base, more = shape.types(i)
         self.f32_tensor(p + "attn_norm.weight", (n_embd,), w.ones_ish)
         if shape.arch == "deepseek2":
@@ -316,7 +322,7 @@ def _add_metadata(w: gguf.GGUFWriter, shape: Shape, *, n_experts: int, n_used: i
     w.add_head_count(shape.n_heads)
     w.add_head_count_kv(shape.n_kv_heads)
     w.add_layer_norm_rms_eps(1e-6 if shape.arch == "qwen3moe" else 1e-5)
-    w.add_rope_freq_base(10000.0 if shape.arch == "llama" else 1e6)
+    w.add_rope_freq_base({"llama": 10000.0, "gpt-oss": synthetic_gpt_oss.ROPE_BASE}.get(shape.arch, 1e6))
     w.add_rope_dimension_count(shape.rope_dim)
     w.add_expert_count(n_experts)
     w.add_expert_used_count(n_used)
@@ -333,6 +339,8 @@ def _add_metadata(w: gguf.GGUFWriter, shape: Shape, *, n_experts: int, n_used: i
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX)
         w.add_expert_weights_norm(False)  # V2-Lite's norm_topk_prob
         w.add_expert_weights_scale(1.0)
+    elif shape.arch == "gpt-oss":
+        synthetic_gpt_oss.metadata(w, shape)
     elif shape.arch != "llama":
         w.add_key_length(shape.head_dim)
         w.add_value_length(shape.head_dim)
@@ -345,7 +353,8 @@ def _add_metadata(w: gguf.GGUFWriter, shape: Shape, *, n_experts: int, n_used: i
         w.add_expert_weights_scale(1.0)  # GLM-4.5-Air's routed_scaling_factor
         w.add_nextn_predict_layers(n_nextn)
     w.add_vocab_size(n_vocab)
-    w.add_file_type(15 if shape.k_quants else 2)  # MOSTLY_Q4_K_M, MOSTLY_Q4_0
+    # MOSTLY_Q4_K_M, MOSTLY_Q4_0, MOSTLY_MXFP4_MOE
+    w.add_file_type(synthetic_gpt_oss.FILE_TYPE if shape.arch == "gpt-oss" else 15 if shape.k_quants else 2)
     _add_placeholder_vocab(w, n_vocab)
 
 
@@ -416,6 +425,8 @@ def write_synthetic_moe(
     weights = _Weights(rng, n_vocab, n_embd, n_experts, router_lean, common_share)
     plan = _Plan(weights)
     embd_type, out_type = (Q4_K, Q6_K) if shape.k_quants else (Q4, Q4)
+    if arch == "gpt-oss":
+        embd_type, out_type = synthetic_gpt_oss.Q8, synthetic_gpt_oss.Q8
     embd_shape = (n_vocab, _row_bytes(embd_type, n_embd))
     plan.entries.append(("token_embd.weight", embd_shape, embd_type, weights.embedding(embd_type)))
     for i in range(n_layers):
@@ -432,14 +443,15 @@ def write_synthetic_moe(
     return path
 
 
-ARCHES = ("llama", "qwen3moe", "glm4moe", "deepseek2")
+ARCHES = ("llama", "qwen3moe", "glm4moe", "deepseek2", "gpt-oss")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", type=Path, metavar="OUT.gguf")
     p.add_argument("--arch", choices=ARCHES, default="llama",
-                   help="llama: mixtral's layout, Q4_0; qwen3moe, glm4moe, deepseek2: those layouts, Q4_K_M")
+                   help="llama: mixtral's layout, Q4_0; qwen3moe, glm4moe, deepseek2: those layouts, Q4_K_M; "
+                        "gpt-oss: MXFP4 experts")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--experts", type=int, default=64)
     p.add_argument("--used", type=int, default=4)

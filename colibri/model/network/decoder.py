@@ -33,9 +33,9 @@ from colibri.model.network.layers import (
     load_attention,
     load_ffn,
 )
-from colibri.model.network.moe import load_moe_ffn
+from colibri.model.network.moe import MoEFFN, load_moe_ffn
 from colibri.model.network.nextn import NextN
-from colibri.model.network.routing import GATING_SOFTMAX, routing
+from colibri.model.network.routing import GATING_SOFTMAX, Routing, routing
 from colibri.model.network.weights import named_norm, optional_vector
 from colibri.model.yarn import yarn_divisors, yarn_magnitude
 from colibri.store.experts import Budget, ExpertStore
@@ -160,9 +160,7 @@ class Decoder:
             moe = self.is_moe(gguf, hp, i)
             if moe and (self.GELU or self.FFN_POST_NORM):  # the experts' call knows neither
                 raise NotImplementedError(f"{hp.arch}: a MoE layer with GeGLU or an FFN post-norm")
-            # (the NextN layer's experts are not read ahead from the last layer's input: another space)
-            self.moe.append(load_moe_ffn(gguf, i, rule, self.experts, i < hp.n_layers, self.SWIGLU_CLAMP)
-                            if moe else None)
+            self.moe.append(self._load_moe(gguf, hp, i, rule) if moe else None)
             self.ffn.append(None if moe else load_ffn(gguf, p))
             window = hp.sliding_window if self.is_sliding(hp, i) else 0
             self.shapes.append(LayerShape(hp.n_heads, hp.n_kv_heads, hp.head_dim, float(hp.norm_eps),
@@ -186,6 +184,11 @@ class Decoder:
         self._hidden = np.zeros((0, hp.n_embd), np.float32)  # the last step's last-layer rows, pre-norm
         self.nextn = (NextN(gguf, hp, hp.n_layers, self.layer, self.embedding, self.head.output)
                       if n_run > hp.n_layers else None)
+
+    def _load_moe(self, gguf: GGUFFile, hp: HParams, i: int, rule: Routing) -> MoEFFN:
+        """Layer i's experts (the NextN layer's are not read ahead from the last layer's input:
+        another space), with the architecture's SwiGLU."""
+        return load_moe_ffn(gguf, i, rule, self.experts, i < hp.n_layers, self.SWIGLU_CLAMP)
 
     def rope_variant(self, n_ctx: int) -> str:
         """"": the same RoPE at any context; else "short" or "long": Phi's factors, the long ones for a
