@@ -38,9 +38,11 @@ from typing import NamedTuple
 
 import gguf
 import numpy as np
-import synthetic_gpt_oss
 
 from colibri.store.formats import FORMATS, GGMLType, quantize, row_nbytes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (loaded by path too: its sibling below)
+import synthetic_gpt_oss  # noqa: E402
 
 Q4_0_BLOCK_BYTES = 18  # f16 scale + 16 bytes of nibbles, per 32 weights
 # The experts' scale: nibbles are uniform in 1..15 (value d*(q-8)), so d sets the output's size;

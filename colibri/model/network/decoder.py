@@ -107,6 +107,11 @@ class Decoder:
             return layer < len(pattern) and pattern[layer]
         return pattern == 0 or layer % pattern < pattern - 1
 
+    @classmethod
+    def local_rope_base(cls, hp: HParams) -> float:
+        """The sliding layers' RoPE base: ``rope.freq_base_swa`` (10000 where absent, gemma3's)."""
+        return hp.rope_base_swa
+
     def query_scale(self, hp: HParams) -> float:
         """The scale of q·k: 1/sqrt(head_dim) (llama.cpp reads no file's own for these families)."""
         return 1.0 / math.sqrt(hp.head_dim)
@@ -120,7 +125,7 @@ class Decoder:
         the others, divided by the file's per-frequency ``factors`` (Llama 3's ``rope_freqs``,
         Phi's ``rope_factors_short`` or ``_long``: their scalings as the converter bakes them)."""
         if self.is_sliding(hp, layer):
-            inv = rope_frequencies(hp.head_dim, hp.rope_dim, hp.rope_base_swa)
+            inv = rope_frequencies(hp.head_dim, hp.rope_dim, self.local_rope_base(hp))
         else:
             inv = rope_frequencies(hp.head_dim, hp.rope_dim, hp.rope_base) / hp.rope_linear
         return inv / factors if factors.shape[0] else inv

@@ -15,10 +15,7 @@ FFN's norm carries Hugging Face's ``post_attention_layernorm`` name).
 
 from __future__ import annotations
 
-import numpy as np
-
 from colibri.model.hparams import HParams
-from colibri.model.kernels.ops import rope_frequencies
 from colibri.model.network.decoder import Decoder
 from colibri.model.network.routing import GATING_SOFTMAX_WEIGHT
 
@@ -33,8 +30,8 @@ class GptOssDecoder(Decoder):
     GATING = GATING_SOFTMAX_WEIGHT
     SWIGLU_CLAMP = SWIGLU_CLAMP
 
-    def layer_frequencies(self, hp: HParams, layer: int, factors: np.ndarray) -> np.ndarray:
-        """One base for the sliding and the global layers (llama.cpp's: ``rope.freq_base_swa``
-        defaults to ``rope.freq_base`` here), YaRN's divisors on both."""
-        inv = rope_frequencies(hp.head_dim, hp.rope_dim, hp.rope_base)
-        return inv / factors if factors.shape[0] else inv
+    @classmethod
+    def local_rope_base(cls, hp: HParams) -> float:
+        """One base for the sliding and the global layers: llama.cpp's ``rope.freq_base_swa``
+        defaults to ``rope.freq_base`` for gpt-oss (the converter writes none)."""
+        return hp.rope_base
