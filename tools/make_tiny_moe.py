@@ -183,6 +183,14 @@ SPECS: dict[str, Spec] = {
         rope_theta=150000.0, rope_parameters=dict(
             rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0, truncate=False,
             original_max_position_embeddings=4096)), seed=2, quant=("q8_0", "q8_0_x2", "mxfp4_moe")),
+    # gpt-oss's other shape: three layers (sliding, full, sliding) over a window of 4, top-4, one kv
+    # head for four, heads of 32, and RoPE without scaling.
+    "gpt_oss_gqa": Spec("GptOssConfig", "GptOssForCausalLM", dict(
+        num_hidden_layers=3, intermediate_size=64, head_dim=32, num_key_value_heads=1,
+        num_local_experts=N_EXPERTS, num_experts_per_tok=4, sliding_window=4, attention_bias=True,
+        tie_word_embeddings=False, rope_theta=150000.0,
+        rope_parameters=dict(rope_type="default", rope_theta=150000.0)),
+        seed=18, quant=("q8_0", "q8_0_x2", "mxfp4_moe")),
 }
 SINK_STD = 1.0  # gpt-oss's sinks: logits as large as the scores they compete with
 GATE_UP_GAIN = 4.0  # gpt-oss's experts' gate/up: wide enough that its SwiGLU's clamp at 7 binds
