@@ -2,7 +2,8 @@
 (``tests/data/tiny_hf/deepseek2``: V2-Lite's layout, ``deepseek3``: V3's): the cache and a slot's
 file hold a token's latent and rope key alone, by the ratio the shapes give; a slot persisted by
 one ``coli engine`` and restored by the next continues as a fresh engine given the whole prompt;
-sixteen slots at once give what each gives alone. (The logits against transformers and llama.cpp:
+sixteen slots at once give what each gives alone; a file of the older fused ``attn_kv_b`` reads as the
+split one. (The logits against transformers and llama.cpp:
 ``test_moe_models.py``, ``test_reference.py``, ``test_convert_llama_cpp.py``.)"""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from colibri.convert.writer import convert
 from colibri.io.events import Done, Perf, Submit
 from colibri.io.mux import encode_request
 from colibri.model.file_info import describe
+from colibri.model.generate import SingleSequence
 from colibri.model.loader import Model
 from colibri.sched import persist
 from colibri.store.gguf import GGUFFile
@@ -116,3 +118,73 @@ async def test_sixteen_latent_slots_at_once_give_what_each_gives_alone(arch, fil
     alone = [(await _turn(one, 100 + i, p, 12))[0] for i, p in enumerate(prompts)]
     assert await one.close() == 0
     assert together == alone and all(together)
+
+
+def legacy_copy(src: Path, out: Path) -> Path:
+    """``src`` as llama.cpp's converter wrote DeepSeek before it split ``attn_kv_b``: per layer one
+    fused ``attn_kv_b`` (each head's key rows, then its value rows), the heads' key and value
+    lengths, as many kv heads as heads, no ``_mla`` lengths."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    arch = "deepseek2"
+    fields = {f.name: f for f in reader.fields.values()}
+    scalar = lambda key: int(fields[f"{arch}.{key}"].parts[-1][0])  # noqa: E731
+    heads, k_mla, v_mla = scalar("attention.head_count"), scalar("attention.key_length_mla"), \
+        scalar("attention.value_length_mla")
+    writer = gguf.GGUFWriter(out, arch)
+    renamed = {f"{arch}.attention.key_length": k_mla, f"{arch}.attention.value_length": v_mla,
+               f"{arch}.attention.head_count_kv": heads}
+    for f in reader.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture" or f.name.endswith("_mla"):
+            continue
+        if f.name in renamed:
+            writer.add_uint32(f.name, renamed[f.name])
+            continue
+        value = f.contents()
+        vtype = f.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            writer.add_array(f.name, value)
+        else:
+            writer.add_key_value(f.name, value, vtype)
+    tensors = {t.name: t for t in reader.tensors}
+    for t in reader.tensors:
+        if t.name.endswith("attn_v_b.weight"):
+            continue
+        if t.name.endswith("attn_k_b.weight"):
+            k_b = np.asarray(t.data, np.float32)  # [heads, kv_lora, nope]
+            v_b = np.asarray(tensors[t.name.replace("attn_k_b", "attn_v_b")].data, np.float32)
+            fused = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1).reshape(-1, k_b.shape[1])
+            writer.add_tensor(t.name.replace("attn_k_b", "attn_kv_b"), np.ascontiguousarray(fused))
+            continue
+        writer.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed([int(d) for d in t.shape])),
+                          raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+@pytest.mark.parametrize("arch", ENGINE_ARCHS)
+def test_a_file_with_the_older_fused_kv_b_gives_the_split_files_logits(arch, files, tmp_path):
+    """A DeepSeek file converted before llama.cpp split ``attn_kv_b`` is split at load
+    (``mla.split_kv_b``): its logits are the split file's (f32: the same values), and its cache is
+    the latent's too."""
+    legacy = legacy_copy(files[arch, "f32"], tmp_path / f"{arch}-legacy.gguf")
+    assert "blk.1.attn_kv_b.weight" in GGUFFile(legacy).tensors
+    prompt, greedy = reference_ids(arch)
+    split, old = Model(files[arch, "f32"], kv_type="f32"), Model(legacy, kv_type="f32")
+    assert (old.hp.n_kv_heads, old.hp.head_dim, old.hp.head_dim_mla, old.hp.v_dim_mla) == \
+        (split.hp.n_kv_heads, split.hp.head_dim, split.hp.head_dim_mla, split.hp.v_dim_mla)
+    seq = prompt + greedy
+    want = SingleSequence(split, 256, 512).prefill(seq, all_logits=True)
+    got = SingleSequence(old, 256, 512).prefill(seq, all_logits=True)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    # and the copy is a legacy file as llama.cpp reads one (its non-MLA path: K and V decompressed)
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(str(legacy), n_ctx=256, logits_all=True, verbose=False,
+                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    llm.eval(seq)
+    theirs = np.array(llm.scores[: len(seq)])
+    assert np.abs(theirs - want).max() <= 1e-3  # (measured 3.4e-5 on deepseek2)

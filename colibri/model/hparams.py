@@ -6,7 +6,7 @@ in the file"), so a dense model's file needs none of them; the keys are llama.cp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from colibri.store.gguf import GGUFError, GGUFFile
 
@@ -85,7 +85,7 @@ class HParams:
         pattern = gguf.get(f"{arch}.attention.sliding_window_pattern")
         if isinstance(pattern, list):
             pattern = tuple(bool(v) for v in pattern)
-        return cls(
+        hp = cls(
             arch=arch,
             n_layers=int(need("block_count")) - int(opt("nextn_predict_layers")),
             n_nextn=int(opt("nextn_predict_layers")),
@@ -116,6 +116,17 @@ class HParams:
             n_ctx_orig=int(opt("rope.scaling.original_context_length",
                                gguf.get(f"{arch}.context_length", 2048))),
         )
+        return hp.legacy_mla(int(opt("attention.value_length", head_dim))) if hp.kv_lora_rank else hp
+
+    def legacy_mla(self, value_length: int) -> HParams:
+        """A latent-attention file converted before llama.cpp split ``attn_kv_b`` (no
+        ``key_length_mla``): its key and value lengths are a query head's, its kv heads the
+        heads. Read as the split files say it: the cache's one kv head of the latent and rope key,
+        the heads' widths in the ``_mla`` fields (``network/mla.py`` splits ``attn_kv_b`` at load)."""
+        if self.head_dim_mla:
+            return self
+        return replace(self, head_dim_mla=self.head_dim, v_dim_mla=value_length, n_kv_heads=1,
+                       head_dim=self.kv_lora_rank + self.rope_dim)
 
     @property
     def kv_layers(self) -> int:

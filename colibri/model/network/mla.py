@@ -14,7 +14,9 @@ with ``scale`` 1/sqrt(nope + rope) (a query head's own key width). ``k_b`` and `
 the file's format, one matrix a head ([kv_lora rows, nope] and [v rows, kv_lora]). The cache per
 token and layer is kv_lora + rope values where the heads' keys and values would be
 n_heads * (nope + rope + v): 71x fewer for DeepSeek-V3 (576 against 40,960), 8.9x for V2-Lite.
-``colibri.model.reference.deepseek2`` keeps the decompressed form, as the paper writes it.
+``colibri.model.reference.deepseek2`` keeps the decompressed form, as the paper writes it. A file
+converted before llama.cpp split ``attn_kv_b`` is read the same way (``split_kv_b``,
+``HParams.legacy_mla``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from colibri.model.kernels.attention import attend, store_kv
 from colibri.model.kernels.ops import add_into, rmsnorm, rope
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.model.network.layers import FFN, FFNNorms, LayerShape, swiglu_ffn
-from colibri.model.network.weights import LIFETIME, load_vector, load_weight, optional_vector
+from colibri.model.network.weights import LIFETIME, load_matrix, load_vector, load_weight, optional_vector
+from colibri.store.formats import GGMLType
 from colibri.store.gguf import GGUFError, GGUFFile
 from colibri.store.packed import EMPTY_WEIGHT, Weight, make_weight
 
@@ -50,13 +53,16 @@ class LatentAttention(NamedTuple):
 
 
 def load_latent_attention(gguf: GGUFFile, i: int, hp: HParams) -> LatentAttention:
-    """Layer i's MLA tensors with llama.cpp's names (its converter's split ``attn_k_b``/``attn_v_b``;
-    a file with the older fused ``attn_kv_b`` is refused: converting it again splits it)."""
+    """Layer i's MLA tensors with llama.cpp's names: its converter's split ``attn_k_b``/``attn_v_b``,
+    or the older fused ``attn_kv_b``, split here (``split_kv_b``)."""
     p = f"blk.{i}."
-    if p + "attn_k_b.weight" not in gguf.tensors:
-        raise GGUFError(f"{gguf.path}: {p}attn_k_b.weight is missing (a file with attn_kv_b, converted "
-                        "before llama.cpp split it into attn_k_b and attn_v_b, is not supported: "
-                        "convert the checkpoint again)")
+    if p + "attn_k_b.weight" in gguf.tensors:
+        k_b = per_head(gguf, p + "attn_k_b.weight", hp.n_heads)
+        v_b = per_head(gguf, p + "attn_v_b.weight", hp.n_heads)
+    elif p + "attn_kv_b.weight" in gguf.tensors:
+        k_b, v_b = split_kv_b(gguf, p + "attn_kv_b.weight", hp)
+    else:
+        raise GGUFError(f"{gguf.path}: {p}attn_k_b.weight (or the older attn_kv_b.weight) is missing")
     low_rank = p + "attn_q_a.weight" in gguf.tensors
     return LatentAttention(
         norm=load_vector(gguf, p + "attn_norm.weight"),
@@ -65,8 +71,8 @@ def load_latent_attention(gguf: GGUFFile, i: int, hp: HParams) -> LatentAttentio
         wq=load_weight(gguf, p + ("attn_q_b.weight" if low_rank else "attn_q.weight")),
         wkv_a=load_weight(gguf, p + "attn_kv_a_mqa.weight"),
         kv_a_norm=load_vector(gguf, p + "attn_kv_a_norm.weight"),
-        k_b=per_head(gguf, p + "attn_k_b.weight", hp.n_heads),
-        v_b=per_head(gguf, p + "attn_v_b.weight", hp.n_heads),
+        k_b=k_b,
+        v_b=v_b,
         wo=load_weight(gguf, p + "attn_output.weight"),
     )
 
@@ -82,6 +88,26 @@ def per_head(gguf: GGUFFile, name: str, n_heads: int) -> tuple[Weight, ...]:
                               arena=LIFETIME) for h in range(n_heads))
     gguf.release(name)
     return heads
+
+
+def split_kv_b(gguf: GGUFFile, name: str, hp: HParams) -> tuple[tuple[Weight, ...], tuple[Weight, ...]]:
+    """A fused ``attn_kv_b`` ([head x (nope + v) rows, kv_lora]) as llama.cpp's converter now splits
+    it: per head its key rows transposed (``k_b``, [kv_lora, nope]) and its value rows (``v_b``),
+    widened to float32 (a transposed block is no block of the file's format)."""
+    nope, v_dim = hp.head_dim_mla - hp.rope_dim, hp.v_dim_mla
+    kv_b = load_matrix(gguf, name)
+    if kv_b.shape != (hp.n_heads * (nope + v_dim), hp.kv_lora_rank):
+        raise GGUFError(f"{gguf.path}: {name} is {list(kv_b.shape)}, not {hp.n_heads} heads of "
+                        f"{nope} + {v_dim} rows of {hp.kv_lora_rank}")
+    heads = kv_b.reshape(hp.n_heads, nope + v_dim, hp.kv_lora_rank)
+
+    def dense(m: np.ndarray) -> Weight:
+        m = np.ascontiguousarray(m, np.float32)
+        return make_weight([(m.view(np.uint8).reshape(m.shape[0], -1), int(GGMLType.F32))], m.shape[1],
+                           arena=LIFETIME)
+
+    return (tuple(dense(heads[h, :nope].T) for h in range(hp.n_heads)),
+            tuple(dense(heads[h, nope:]) for h in range(hp.n_heads)))
 
 
 @nb.njit(nogil=True, cache=True)
