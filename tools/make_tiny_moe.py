@@ -162,6 +162,14 @@ SPECS: dict[str, Spec] = {
         n_routed_experts=N_EXPERTS, num_experts_per_tok=TOP_K, n_shared_experts=2, first_k_dense_replace=1,
         q_lora_rank=32, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
         n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5), router="sigmoid", seed=137),
+    # DeepSeek-V2's full layout without shared experts (transformers builds them 0 wide): q through a
+    # low rank, softmax top-2 as they are (transformers' DeepseekV2 never renormalises, whatever
+    # norm_topk_prob says), every layer's experts routed alone, no dense layer.
+    "deepseek2_routed": Spec("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
+        num_hidden_layers=2, intermediate_size=96, moe_intermediate_size=64, num_key_value_heads=N_HEADS,
+        n_routed_experts=N_EXPERTS, num_experts_per_tok=TOP_K, n_shared_experts=0, first_k_dense_replace=0,
+        q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+        topk_method="greedy", norm_topk_prob=False, routed_scaling_factor=1.0), seed=37),
     # V3's layout with YaRN as DeepSeek's configs have it (factor, the original context, mscale and
     # mscale_all_dim: the attention's scale grows by mscale_all_dim's term, squared).
     "deepseek3_yarn": Spec("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
@@ -263,7 +271,7 @@ def init_weights(model: torch.nn.Module, spec: Spec) -> None:
     with torch.no_grad():
         tensors = list(model.named_parameters()) + list(model.named_buffers())
         for name, t in sorted(tensors, key=lambda item: item[0]):
-            if "rotary_emb" in name:
+            if "rotary_emb" in name or t.numel() == 0:  # (deepseek2_routed's 0-wide shared experts)
                 continue
             if name.endswith("e_score_correction_bias"):
                 normal(t, SCORE_BIAS_STD)

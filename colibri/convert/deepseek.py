@@ -82,6 +82,11 @@ def plan_deepseek2(b: Builder, cfg: Config, d: Dims) -> None:
         if n_shared:
             dense_ffn(b, i, f"{p}.mlp.shared_experts", d.n_embd, n_ff_exp * n_shared,
                       (T.FFN_GATE_SHEXP, T.FFN_UP_SHEXP, T.FFN_DOWN_SHEXP))
+        else:  # transformers builds them 0 wide: nothing to convert
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                name = f"{p}.mlp.shared_experts.{proj}.weight"
+                if b.has(name) and 0 in b.shapes[name]:
+                    b.skip(name)
 
 
 def latent_attention(b: Builder, i: int, d: Dims, q_lora: int, kv_lora: int, nope: int, rope: int,
