@@ -170,3 +170,20 @@ def test_llama_cpp_on_our_files(converted, reference, tmp_path: Path) -> None:
     for t in ("q8_0", "mxfp4_moe"):
         top1 = theirs(converted[t]).argmax(-1)
         assert (top1 == reference["full_logits"].argmax(-1)).mean() >= MIN_TOP1_AGREEMENT, t
+
+
+def test_llama_cpp_on_the_other_shape(tmp_path: Path) -> None:
+    """gpt_oss_gqa (RoPE unscaled, one kv head for four, a window of 4): llama.cpp's f32 logits are
+    transformers' and colibri's to float rounding, nothing rounded apart."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    src, out = SRC.parent / "gpt_oss_gqa", tmp_path / "gpt_oss_gqa-f32.gguf"
+    assert main(["convert", str(src), "-o", str(out), "--type", "f32"]) == 0
+    ref = np.load(src / "reference.npz")
+    seq = ref["prompt_ids"].tolist() + ref["greedy_ids"].tolist()
+    llm = llama_cpp.Llama(str(out), n_ctx=256, logits_all=True, verbose=False,
+                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    llm.eval(seq)
+    theirs = np.array(llm.scores[: len(seq)])
+    ours = SingleSequence(Model(out, kv_type="f32"), 256, 512).prefill(seq, all_logits=True)
+    assert np.abs(theirs - ref["full_logits"]).max() <= FLOAT_TOLERANCE  # (measured 2.1e-5)
+    assert np.abs(theirs - ours).max() <= FLOAT_TOLERANCE  # (2.6e-5)
