@@ -15,7 +15,7 @@ from colibri.store.formats import GGMLType
 from colibri.store.gguf import GGUFFile
 
 TINY = Path(__file__).parent / "data" / "tiny_hf"
-ARCHS = ["llama", "mixtral", "qwen2moe", "qwen3moe", "glm4moe", "olmoe",
+ARCHS = ["llama", "mixtral", "qwen2moe", "qwen3moe", "glm4moe", "olmoe", "olmoe_wide",
          "deepseek2", "deepseek3", "deepseek3_yarn"]
 TYPES = {"f32": GGMLType.F32, "f16": GGMLType.F16, "q8_0": GGMLType.Q8_0, "q4_0": GGMLType.Q4_0}
 LOGIT_TOLERANCE = 1e-3  # max |llama.cpp - transformers| over the prompt's logits (f32 file)

@@ -71,7 +71,7 @@ def expected_tensors(arch: str) -> dict[str, tuple[tuple[int, ...], bool]]:
             t[b + "attn_k.bias"] = t[b + "attn_v.bias"] = ((kv,), True)
         if arch in ("qwen3moe", "glm4moe"):
             t[b + "attn_q_norm.weight"] = t[b + "attn_k_norm.weight"] = ((hd,), True)
-        if arch == "olmoe":  # over the whole width of q and of k
+        if arch.startswith("olmoe"):  # over the whole width of q and of k
             t[b + "attn_q_norm.weight"], t[b + "attn_k_norm.weight"] = ((q,), True), ((kv,), True)
         t[b + ("post_attention_norm.weight" if arch == "glm4moe" else "ffn_norm.weight")] = ((h,), True)
         if arch == "llama" or (arch == "glm4moe" and i < cfg["first_k_dense_replace"]):
@@ -158,6 +158,8 @@ EXPECTED_METADATA = {
     "olmoe": {"olmoe.block_count": 2, "olmoe.expert_count": 8, "olmoe.expert_used_count": 2,
               "olmoe.feed_forward_length": 64, "olmoe.expert_gating_func": 1,
               "olmoe.expert_weights_norm": False, "olmoe.rope.dimension_count": 16},
+    "olmoe_wide": {"olmoe.block_count": 3, "olmoe.expert_count": 16, "olmoe.expert_used_count": 4,
+                   "olmoe.expert_gating_func": 1, "olmoe.expert_weights_norm": False},
     # one kv head: the latent (32) and the rope key (16); a query head's key 32 + 16, value 32
     "deepseek2": {"deepseek2.block_count": 3, "deepseek2.attention.head_count_kv": 1,
                   "deepseek2.attention.key_length": 48, "deepseek2.attention.value_length": 32,
@@ -180,7 +182,8 @@ EXPECTED_METADATA = {
                        "deepseek2.rope.scaling.yarn_log_multiplier": 0.0707},
 }
 GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe",
-             "glm4moe": "glm4moe", "olmoe": "olmoe", "deepseek2": "deepseek2", "deepseek3": "deepseek2",
+             "glm4moe": "glm4moe", "olmoe": "olmoe", "olmoe_wide": "olmoe", "deepseek2": "deepseek2",
+             "deepseek3": "deepseek2",
              "deepseek3_yarn": "deepseek2"}
 
 
@@ -235,6 +238,7 @@ def test_values_match_the_checkpoint(converted, arch: str) -> None:
            "qwen3moe": ("model.layers.1.mlp.experts.{}.up_proj.weight", 1),
            "glm4moe": ("model.layers.2.mlp.experts.{}.up_proj.weight", 2),
            "olmoe": ("model.layers.1.mlp.experts.{}.up_proj.weight", 1),
+           "olmoe_wide": ("model.layers.2.mlp.experts.{}.up_proj.weight", 2),
            "deepseek2": ("model.layers.1.mlp.experts.{}.up_proj.weight", 1),
            "deepseek3": ("model.layers.2.mlp.experts.{}.up_proj.weight", 2),
            "deepseek3_yarn": ("model.layers.2.mlp.experts.{}.up_proj.weight", 2)}.get(arch)

@@ -33,11 +33,12 @@ from colibri.model.network.routing import (
 from colibri.store.packed import KIND_Q5, KIND_Q8
 
 DATA = Path(__file__).parent / "data" / "tiny_hf"
-MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe", "glm4moe", "olmoe",
+MOE_ARCHS = ["mixtral", "qwen2moe", "qwen3moe", "glm4moe", "olmoe", "olmoe_wide",
              "deepseek2", "deepseek2_routed", "deepseek3", "deepseek3_yarn", "gpt_oss", "gpt_oss_gqa"]
 ARCHS = ["llama", *MOE_ARCHS]  # the dense llama checkpoint checks the shared code against transformers
 GGUF_ARCH = {"llama": "llama", "mixtral": "llama", "qwen2moe": "qwen2moe", "qwen3moe": "qwen3moe",
-             "glm4moe": "glm4moe", "olmoe": "olmoe", "deepseek2": "deepseek2", "deepseek3": "deepseek2",
+             "glm4moe": "glm4moe", "olmoe": "olmoe", "olmoe_wide": "olmoe", "deepseek2": "deepseek2",
+             "deepseek3": "deepseek2",
              "deepseek3_yarn": "deepseek2", "deepseek2_routed": "deepseek2", "gpt_oss": "gpt-oss",
              "gpt_oss_gqa": "gpt-oss"}
 MAX_ABS_DIFF = 1e-3
@@ -59,9 +60,11 @@ NOT_HELD = {("deepseek3_yarn", "q4_k_m"), ("deepseek2_routed", "q4_k_m"),
 QUANTIZED = [(a, t) for a in MOE_ARCHS for t in MIN_TOP1_AGREEMENT
              if (a, t) not in NOT_HELD and (t != "mxfp4_moe" or a in GPT_OSS)]
 # The command line and the batched routing on every layout but deepseek3_yarn (deepseek3's with
-# another RoPE), deepseek2_routed (no shared expert) and gpt_oss_gqa (gpt_oss's with other sizes),
-# which the Model API's tests above cover: they would repeat the others' engine paths.
-LAYOUTS = [a for a in MOE_ARCHS if a not in ("deepseek3_yarn", "deepseek2_routed", "gpt_oss_gqa")]
+# another RoPE), deepseek2_routed (no shared expert), gpt_oss_gqa and olmoe_wide (their families'
+# with other sizes), which the Model API's tests above cover: they would repeat the others' engine
+# paths.
+LAYOUTS = [a for a in MOE_ARCHS
+           if a not in ("deepseek3_yarn", "deepseek2_routed", "gpt_oss_gqa", "olmoe_wide")]
 
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="tests/data/tiny_hf is missing")
 

@@ -147,6 +147,11 @@ SPECS: dict[str, Spec] = {
     "olmoe": Spec("OlmoeConfig", "OlmoeForCausalLM", dict(
         num_hidden_layers=2, intermediate_size=64, num_experts=N_EXPERTS, num_experts_per_tok=TOP_K,
         num_key_value_heads=N_HEADS, norm_topk_prob=False, clip_qkv=None), seed=3),
+    # OLMoE's other shape: 16 experts top-4 (as they are: llama.cpp's olmoe never renormalises,
+    # whatever the file says), 3 layers.
+    "olmoe_wide": Spec("OlmoeConfig", "OlmoeForCausalLM", dict(
+        num_hidden_layers=3, intermediate_size=64, num_experts=16, num_experts_per_tok=4,
+        num_key_value_heads=N_HEADS, norm_topk_prob=False, clip_qkv=None), seed=9),
     # DeepSeek-V2-Lite's layout: MLA with q straight from the hidden state (no q_lora), the latent of
     # kv_lora_rank plus a shared rope key, softmax top-k (greedy, not renormalised), one shared
     # expert, the first layer dense. Every width a multiple of 32 (q4/q8 blocks, the packed rows).
@@ -302,6 +307,7 @@ def routing_margin(model: torch.nn.Module, spec: Spec, ids: torch.Tensor) -> flo
     """Smallest gap between the last chosen and the first rejected expert (or group), over every
     token and MoE layer of one forward pass over ``ids``."""
     cfg = model.config
+    k = cfg.num_experts_per_tok  # the boundary between the chosen and the rest
     captured: list[tuple[torch.nn.Module, torch.Tensor]] = []
     hooks = [
         module.register_forward_pre_hook(lambda mod, args: captured.append((mod, args[0].detach())))
@@ -319,7 +325,7 @@ def routing_margin(model: torch.nn.Module, spec: Spec, ids: torch.Tensor) -> flo
             logits = logits + module.bias.float()
         if spec.router == "softmax":
             top = logits.sort(dim=-1, descending=True).values
-            margins.append((top[:, TOP_K - 1] - top[:, TOP_K]).min().item())
+            margins.append((top[:, k - 1] - top[:, k]).min().item())
             continue
         choice = logits.sigmoid() + module.e_score_correction_bias.float()
         groups = choice.view(len(h), cfg.n_group, -1).topk(2, dim=-1).values.sum(-1)
@@ -329,7 +335,7 @@ def routing_margin(model: torch.nn.Module, spec: Spec, ids: torch.Tensor) -> flo
         mask.scatter_(1, gsort.indices[:, : cfg.topk_group], True)
         masked = choice.masked_fill(~mask.repeat_interleave(N_EXPERTS // cfg.n_group, dim=1), float("-inf"))
         top = masked.sort(dim=-1, descending=True).values
-        margins.append((top[:, TOP_K - 1] - top[:, TOP_K]).min().item())
+        margins.append((top[:, k - 1] - top[:, k]).min().item())
     return min(margins) if margins else float("inf")
 
 
@@ -409,7 +415,8 @@ def check_margins(arch: str, model: torch.nn.Module, spec: Spec, sequence: torch
     if top1_margin < MIN_TOP1_MARGIN or route_margin < MIN_ROUTING_MARGIN[spec.router]:
         raise SystemExit(f"make_tiny_moe: {arch}: near tie (top-1 {top1_margin:.2e}, routing "
                          f"{route_margin:.2e}); change the seed")
-    agreement = quant_agreement(model, sequence, full_logits, spec.quant)
+    gpt_oss = spec.model_cls == "GptOssForCausalLM"
+    agreement = quant_agreement(model, sequence, full_logits, spec.quant, gpt_oss)
     if min(agreement.values()) < MIN_QUANT_AGREEMENT:
         raise SystemExit(f"make_tiny_moe: {arch}: quantized top-1 agreement {agreement}; change the seed")
     return top1_margin, route_margin, agreement

@@ -4,7 +4,7 @@ stores them (ggml's rounding rules, simulated in torch), its top-1 choices kept.
 ``quant_agreement`` is the share of positions whose argmax stays the reference's when every matrix
 a quantized conversion stores is rounded so: Q8_0, Q4_0, Q8_0 with its error doubled (headroom for
 engines that also round activations, llama.cpp), and for gpt-oss MXFP4_MOE (the experts MXFP4, the
-rest Q8_0). A matrix is rounded along GGUF's rows: the transpose of gpt-oss's fused experts.
+rest Q8_0). A matrix is rounded along GGUF's rows: for gpt-oss's fused experts, the checkpoint's columns.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ MIN_QUANT_AGREEMENT = 0.95
 Q8_ERROR_HEADROOM = 2.0
 # MXFP4's values, E2M1 doubled (ggml-common.h's kvalues_mxfp4 without its duplicate zero).
 MXFP4_VALUES = torch.tensor([0.0, 1, 2, 3, 4, 6, 8, 12, -1, -2, -3, -4, -6, -8, -12])
-# Checkpoint tensors stored transposed from GGUF's rows (gpt-oss's fused experts).
+# gpt-oss's fused experts, stored transposed from GGUF's rows (other families' fused experts are not).
 TRANSPOSED = ("experts.gate_up_proj", "experts.down_proj")
 ROUTERS = (".mlp.gate.weight", ".mlp.router.weight")
 
@@ -70,29 +70,32 @@ ROUNDINGS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "q8_0": round_q8_0, "q4_0": round_q4_0, "q8_0_x2": q8_0_worse}
 
 
-def along_rows(name: str, x: torch.Tensor, rounding: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def along_rows(x: torch.Tensor, rounding: Callable[[torch.Tensor], torch.Tensor],
+               transposed: bool) -> torch.Tensor:
     """``rounding`` of a checkpoint tensor along the rows GGUF stores it in."""
-    if is_expert(name):
+    if transposed:
         return rounding(x.transpose(-1, -2).contiguous()).transpose(-1, -2)
     return rounding(x)
 
 
 def quant_agreement(model: torch.nn.Module, ids: torch.Tensor, reference: torch.Tensor,
-                    kinds: tuple[str, ...] = tuple(ROUNDINGS)) -> dict[str, float]:
+                    kinds: tuple[str, ...] = tuple(ROUNDINGS), gpt_oss: bool = False) -> dict[str, float]:
     """Top-1 agreement with ``reference`` over every position when the matrices a quantized
     conversion stores are rounded so (routers and vectors stay float32); ``kinds``: of
-    ``ROUNDINGS``, and "mxfp4_moe" (experts MXFP4, the rest Q8_0)."""
+    ``ROUNDINGS``, and "mxfp4_moe" (experts MXFP4, the rest Q8_0); ``gpt_oss``: its experts are
+    the transposed ones (``TRANSPOSED``)."""
     state = {k: v.clone() for k, v in model.state_dict().items()}
     out = {}
     for kind in kinds:
         with torch.no_grad():
             for k, v in model.state_dict().items():
-                rows = v.transpose(-1, -2) if is_expert(k) else v
+                transposed = gpt_oss and is_expert(k)
+                rows = v.transpose(-1, -2) if transposed else v
                 if v.dim() < 2 or is_router(k) or rows.shape[-1] % BLOCK:
                     continue
                 mxfp4 = kind == "mxfp4_moe" and is_expert(k)
                 rounding = round_mxfp4 if mxfp4 else ROUNDINGS.get(kind, round_q8_0)
-                v.copy_(along_rows(k, state[k], rounding))
+                v.copy_(along_rows(state[k], rounding, transposed))
             logits = model(ids).logits[0]
         out[kind] = float((logits.argmax(-1) == reference.argmax(-1)).float().mean())
         model.load_state_dict(state)
