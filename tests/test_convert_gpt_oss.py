@@ -21,7 +21,7 @@ from convert_harness import assert_one_error, copy_tiny, edit_config, read_check
 from colibri.cli import main
 from colibri.model.generate import SingleSequence
 from colibri.model.loader import Model
-from colibri.store.formats import GGMLType
+from colibri.store.formats import GGMLType, quantize
 from colibri.store.gguf import GGUFFile
 
 SRC = Path(__file__).parent / "data" / "tiny_hf" / "gpt_oss"
@@ -135,7 +135,7 @@ def test_another_layer_order_is_written_out(capsys, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("change", "needle"), [
     ({"swiglu_limit": 10.0}, "swiglu_limit 10.0"),
-    ({"quantization_config": {"quant_method": "mxfp4"}}, "quant_method 'mxfp4'"),
+    ({"quantization_config": {"quant_method": "gptq"}}, "quant_method 'gptq'"),
     ({"layer_types": ["full_attention"]}, "layer_types"),
 ])
 def test_what_it_refuses(capsys, tmp_path: Path, change: dict, needle: str) -> None:
@@ -187,3 +187,51 @@ def test_llama_cpp_on_the_other_shape(tmp_path: Path) -> None:
     ours = SingleSequence(Model(out, kv_type="f32"), 256, 512).prefill(seq, all_logits=True)
     assert np.abs(theirs - ref["full_logits"]).max() <= FLOAT_TOLERANCE  # (measured 2.1e-5)
     assert np.abs(theirs - ours).max() <= FLOAT_TOLERANCE  # (2.6e-5)
+
+
+def released_layout(tmp_path: Path) -> Path:
+    """The tiny gpt_oss as OpenAI released gpt-oss: the experts as MXFP4 ``_blocks`` (value 2i in the
+    low nibble of byte i) and ``_scales`` (uint8), under ``quant_method: mxfp4``; exact, as the
+    tiny experts lie on MXFP4's grid."""
+    out = copy_tiny("gpt_oss", tmp_path)
+    tensors: dict[str, np.ndarray] = {}
+    for name, a in read_checkpoint(SRC).items():
+        if not name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            tensors[name] = a
+            continue
+        rows = np.ascontiguousarray(a.transpose(0, 2, 1))  # [expert, output, input]: GGUF's rows
+        ggml = quantize(rows, GGMLType.MXFP4).reshape(*rows.shape[:2], -1, 17)
+        codes = np.concatenate([ggml[..., 1:] & 0x0F, ggml[..., 1:] >> 4], axis=-1)  # value order
+        tensors[name + "_blocks"] = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+        tensors[name + "_scales"] = np.ascontiguousarray(ggml[..., 0])
+    header, blobs, at = {}, [], 0
+    for name, a in tensors.items():
+        dtype = "U8" if a.dtype == np.uint8 else "F32"
+        blob = np.ascontiguousarray(a if dtype == "U8" else a.astype(np.float32)).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [at, at + len(blob)]}
+        blobs.append(blob)
+        at += len(blob)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    (out / "model.safetensors").write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+    edit_config(out, quantization_config={"quant_method": "mxfp4"})
+    return out
+
+
+def test_the_released_mxfp4_layout_converts_byte_for_byte(converted, tmp_path: Path) -> None:
+    """The blocks go into the file as they are: the experts' bytes are the ones ``mxfp4_moe``
+    quantizes from the float checkpoint, whatever ``--type`` says of the rest, and so are the logits."""
+    src = released_layout(tmp_path)
+    out = tmp_path / "released.gguf"
+    assert main(["convert", str(src), "-o", str(out), "--type", "q8_0"]) == 0
+    ours, want = GGUFFile(out), GGUFFile(converted["mxfp4_moe"])
+    for i in range(2):
+        for part in ("gate", "up", "down"):
+            name = f"blk.{i}.ffn_{part}_exps.weight"
+            assert ours.tensors[name].gtype == GGMLType.MXFP4
+            assert np.array_equal(ours.raw(name), want.raw(name)), name
+    ref = np.load(SRC / "reference.npz")
+    seq = ref["prompt_ids"].tolist() + ref["greedy_ids"].tolist()
+    a, b = (SingleSequence(Model(p), 256, 512).prefill(seq, all_logits=True)
+            for p in (out, converted["mxfp4_moe"]))
+    assert np.array_equal(a, b)

@@ -41,6 +41,8 @@ ARCHITECTURES: dict[str, str] = {
 PLANNERS = {"llama": plan_llama, "qwen2": plan_qwen2, "qwen3": plan_qwen2, "gemma3": plan_gemma3,
             "phi3": plan_phi3, "qwen2moe": plan_qwen_moe, "qwen3moe": plan_qwen_moe, "glm4moe": plan_glm4moe,
             "olmoe": plan_olmoe, "deepseek2": plan_deepseek2, "gpt-oss": plan_gpt_oss}
+# The pre-quantized checkpoints an architecture reads: gpt-oss's release, its experts MXFP4.
+QUANTIZED_READ = {"gpt-oss": ("mxfp4",)}
 # Architectures whose global and local (sliding-window) layers have ropes of their own.
 LAYER_ROPES = ("gemma3",)
 
@@ -53,7 +55,7 @@ def make_plan(config: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) 
         raise ConvertError(f"unsupported architecture {hf_arch!r} (supported: {', '.join(ARCHITECTURES)})")
     arch = ARCHITECTURES[hf_arch]
     cfg = Config(config, layer_ropes=arch in LAYER_ROPES)
-    cfg.check_not_quantized()
+    cfg.check_not_quantized(QUANTIZED_READ.get(arch, ()))
     plan = Plan(arch, hf_arch)
     d = Dims.read(cfg)
     plan.n_vocab = d.n_vocab

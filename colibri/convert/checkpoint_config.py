@@ -134,12 +134,15 @@ class Config:
                                f"not {value!r}")
         return float(value)
 
-    def check_not_quantized(self) -> None:
+    def check_not_quantized(self, allowed: tuple[str, ...] = ()) -> None:
         """A pre-quantized checkpoint (FP8, GPTQ, AWQ, bitsandbytes) stores other tensors than the
-        float weights convert reads; say so, rather than fail on its first odd tensor."""
+        float weights convert reads; say so, rather than fail on its first odd tensor. ``allowed``:
+        the methods an architecture reads (gpt-oss's released ``mxfp4``)."""
         q = self.get("quantization_config")
         if q is not None:
             method = q.get("quant_method", "?") if isinstance(q, Mapping) else q
+            if method in allowed:
+                return
             raise ConvertError(f"config.json: the checkpoint is quantized (quantization_config, "
                                f"quant_method {method!r}); convert reads F32, F16 and BF16 weights: "
                                "use the unquantized checkpoint")

@@ -5,8 +5,9 @@ The experts are fused in the checkpoint: ``mlp.experts.gate_up_proj`` is ``[expe
 with gate and up *interleaved* by column (gate the even ones, up the odd), ``down_proj``
 ``[expert, n_ff, n_embd]``: both transposed from GGUF's rows, each expert's block read whole
 (``Source.transposed``, ``Source.columns``). Their biases, the router's, the attention output's and
-the sinks (``self_attn.sinks``, a logit per head) are kept F32. The released checkpoints' MXFP4
-blocks (``*_blocks``/``*_scales`` under ``quantization_config``) are refused by the config check.
+the sinks (``self_attn.sinks``, a logit per head) are kept F32. The released checkpoints' experts
+are MXFP4 blocks (``*_blocks``/``*_scales``, ``quant_method: mxfp4``): they go into the file as they
+are, GGUF's MXFP4, whatever ``--type`` says of the other matrices.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from colibri.convert.checkpoint_config import Config, ConvertError
 from colibri.convert.moe import EXPERT_COUNT_KEYS, moe_metadata, router
 from colibri.convert.plan import Builder, Dims, K, T, V, attention, common_metadata, embeddings, tensor_name
+from colibri.store.formats import GGMLType
 
 # The clamped SwiGLU llama.cpp computes (``swiglu_oai``): no GGUF key can say other values.
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
@@ -49,20 +51,42 @@ def plan_gpt_oss(b: Builder, cfg: Config, d: Dims) -> None:
 
 
 def experts(b: Builder, i: int, n_expert: int, n_embd: int, n_ff: int) -> None:
-    """The three expert tensors and their biases from the fused, interleaved layout."""
+    """The three expert tensors and their biases from the fused, interleaved layout: float, or the
+    release's MXFP4 blocks (``mxfp4_experts``)."""
     p = f"model.layers.{i}.mlp.experts"
-    gate_up, gate_up_bias = (n_expert, n_embd, 2 * n_ff), (n_expert, 2 * n_ff)
+    gate_up_bias = (n_expert, 2 * n_ff)
     for kind, first in ((T.FFN_GATE_EXP, 0), (T.FFN_UP_EXP, 1)):
-        srcs = [b.source(f"{p}.gate_up_proj", gate_up, expert=e, transposed=True, columns=(first, 2))
-                for e in range(n_expert)]
-        b.add(tensor_name(kind, i, "weight"), (n_expert, n_ff, n_embd), *srcs)
+        if b.has(f"{p}.gate_up_proj_blocks"):
+            mxfp4_experts(b, f"{p}.gate_up_proj", tensor_name(kind, i, "weight"), n_expert, (n_ff, n_embd),
+                          (first, 2))
+        else:
+            srcs = [b.source(f"{p}.gate_up_proj", (n_expert, n_embd, 2 * n_ff), expert=e, transposed=True,
+                             columns=(first, 2)) for e in range(n_expert)]
+            b.add(tensor_name(kind, i, "weight"), (n_expert, n_ff, n_embd), *srcs)
         b.add(tensor_name(kind, i, "bias"), (n_expert, n_ff),
               b.source(f"{p}.gate_up_proj_bias", gate_up_bias, columns=(first, 2)), quantizable=False)
-    srcs = [b.source(f"{p}.down_proj", (n_expert, n_ff, n_embd), expert=e, transposed=True)
-            for e in range(n_expert)]
-    b.add(tensor_name(T.FFN_DOWN_EXP, i, "weight"), (n_expert, n_embd, n_ff), *srcs)
+    if b.has(f"{p}.down_proj_blocks"):
+        mxfp4_experts(b, f"{p}.down_proj", tensor_name(T.FFN_DOWN_EXP, i, "weight"), n_expert, (n_embd, n_ff))
+    else:
+        srcs = [b.source(f"{p}.down_proj", (n_expert, n_ff, n_embd), expert=e, transposed=True)
+                for e in range(n_expert)]
+        b.add(tensor_name(T.FFN_DOWN_EXP, i, "weight"), (n_expert, n_embd, n_ff), *srcs)
     b.add(tensor_name(T.FFN_DOWN_EXP, i, "bias"), (n_expert, n_embd),
           b.source(f"{p}.down_proj_bias", (n_expert, n_embd)), quantizable=False)
+
+
+def mxfp4_experts(b: Builder, name: str, out: str, n_expert: int, shape: tuple[int, int],
+                  columns: tuple[int, int] | None = None) -> None:
+    """A released checkpoint's MXFP4 experts (``{name}_blocks`` [expert, rows, blocks, 16] and
+    ``{name}_scales`` [expert, rows, blocks]: llama.cpp's converter's input) as GGUF's MXFP4 blocks,
+    byte for byte (``writer.mxfp4_chunks``); ``shape``: an expert's (rows, row length) out;
+    ``columns``: gate's or up's rows of the interleaved gate_up."""
+    rows, cols = shape
+    stored = rows * (2 if columns else 1)
+    b.source(f"{name}_scales", (n_expert, stored, cols // 32))  # (checked and taken)
+    srcs = [b.source(f"{name}_blocks", (n_expert, stored, cols // 32, 16), expert=e, columns=columns,
+                     scales=f"{name}_scales") for e in range(n_expert)]
+    b.add(out, (n_expert, rows, cols), *srcs, gtype=int(GGMLType.MXFP4))
 
 
 def sliding_pattern(plan: object, cfg: Config, n_layer: int) -> None:

@@ -41,7 +41,10 @@ class Source:
     permute_heads: int | None = None  # llama.cpp's rope row permutation over this many heads
     shift: float = 0.0  # added to every value (Gemma's norms: the file holds 1 + w, see dense.py)
     transposed: bool = False  # the part is the transpose of ``rows`` (DeepSeek's k_b, see deepseek.py)
-    columns: tuple[int, int] | None = None  # (first, step): every step-th column (gpt-oss's gate and up)
+    # (first, step): every step-th output row from ``first`` (gpt-oss's interleaved gate and up): the
+    # checkpoint's columns where it stores the matrix transposed, the rows of MXFP4 blocks
+    columns: tuple[int, int] | None = None
+    scales: str | None = None  # MXFP4: the exponents' tensor beside ``name``, the ``_blocks`` one
 
     def row_order(self, n_rows: int) -> np.ndarray | None:
         """Source row of each output row, or None when rows are taken in order."""
@@ -60,6 +63,7 @@ class TensorPlan:
     sources: tuple[Source, ...]
     quantizable: bool = True  # False: stays F32 whatever --type says (norms, biases, routers)
     values: tuple[float, ...] | None = None  # a computed vector (no sources), float32 values
+    gtype: int | None = None  # a block type the checkpoint holds already (MXFP4), whatever --type says
 
     @property
     def part_shape(self) -> tuple[int, int]:
@@ -115,8 +119,9 @@ class Builder:
         self.used.add(name)
         return Source(name, shape, **kw)
 
-    def add(self, gguf_name: str, shape: tuple[int, ...], *sources: Source, quantizable: bool = True) -> None:
-        self.plan.tensors.append(TensorPlan(gguf_name, shape, tuple(sources), quantizable))
+    def add(self, gguf_name: str, shape: tuple[int, ...], *sources: Source, quantizable: bool = True,
+            gtype: int | None = None) -> None:
+        self.plan.tensors.append(TensorPlan(gguf_name, shape, tuple(sources), quantizable, gtype=gtype))
 
     def matrix(self, kind: T, bid: int | None, hf_name: str, rows: int, cols: int, **kw: Any) -> None:
         self.add(tensor_name(kind, bid, "weight"), (rows, cols), self.source(hf_name, (rows, cols), **kw))

@@ -38,6 +38,9 @@ ITEM_SIZES: dict[str, int] = {
 READABLE: dict[str, np.dtype] = {
     "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8"),
 }
+# Bytes read as they are: gpt-oss's MXFP4 experts (``*_blocks``: nibbles, ``*_scales``: exponents),
+# which the converter writes as GGUF's MXFP4 blocks, not as values.
+RAW_SUFFIXES = ("_blocks", "_scales")
 
 
 class SafetensorsError(ColibriError):
@@ -113,10 +116,10 @@ class SafetensorsFile:
 
     def raw(self, entry: Entry) -> np.ndarray:
         """Zero-copy view of a tensor's stored values (BF16 as uint16)."""
-        if entry.dtype not in READABLE:
+        if not readable(entry):
             raise SafetensorsError(f"{self.path}: tensor {entry.name!r} is {entry.dtype}; convert reads "
                                    f"{', '.join(READABLE)}")
-        dt = READABLE[entry.dtype]
+        dt = READABLE.get(entry.dtype, np.dtype("u1"))
         return np.frombuffer(self._map, dt, entry.nbytes // dt.itemsize, entry.start).reshape(entry.shape)
 
     def release(self, entry: Entry) -> None:
@@ -132,6 +135,11 @@ class SafetensorsFile:
             self._map.close()
         except BufferError:  # a view still exists somewhere; the mapping goes with the last one
             pass
+
+
+def readable(entry: Entry) -> bool:
+    """A dtype convert reads, or MXFP4 bytes (``RAW_SUFFIXES``, U8)."""
+    return entry.dtype in READABLE or (entry.dtype == "U8" and entry.name.endswith(RAW_SUFFIXES))
 
 
 def to_float32(raw: np.ndarray, dtype: str) -> np.ndarray:
@@ -165,7 +173,7 @@ class Checkpoint:
 
     def _check_readable(self) -> None:
         """Every tensor of a dtype convert reads, checked now, not when the writer reaches it."""
-        odd = [e for e in self.entries.values() if e.dtype not in READABLE]
+        odd = [e for e in self.entries.values() if not readable(e)]
         if odd:
             more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
             raise SafetensorsError(f"{odd[0].file.path}: tensor {odd[0].name!r} is {odd[0].dtype}{more}; "
@@ -224,6 +232,11 @@ class Checkpoint:
         raw = raw.reshape(raw.shape[0], -1)
         picked = raw[order[start:stop]] if order is not None else raw[start:stop]
         return to_float32(picked, entry.dtype)
+
+    def raw(self, name: str) -> np.ndarray:
+        """A tensor's stored values as they are (MXFP4's bytes)."""
+        entry = self.entries[name]
+        return entry.file.raw(entry)
 
     def release(self, name: str) -> None:
         entry = self.entries[name]

@@ -70,6 +70,8 @@ def tensor_type(t: TensorPlan, type_name: str, facts: ModelFacts | None = None) 
     """Vectors, norms and routers stay F32; a quantized type needs rows of whole blocks, else the
     matrix falls back to F16 (as llama.cpp's converter does). A mixture picks per tensor, with
     ``facts`` about the model (``model_facts``)."""
+    if t.gtype is not None:
+        return GGMLType(t.gtype)
     if not t.quantizable or len(t.shape) == 1:
         return GGMLType.F32
     if type_name in MIXTURES:
@@ -103,6 +105,9 @@ def chunks(ckpt: Checkpoint, t: TensorPlan) -> Iterator[np.ndarray]:
     """The tensor's values as float32 (rows, cols) chunks, in file order, expert by expert. The
     source's pages are dropped from this process after every chunk (a view of them stays valid:
     it faults them back in from the page cache), so a huge tensor is never resident whole."""
+    if t.gtype is not None:  # the checkpoint's own blocks
+        yield from mxfp4_chunks(ckpt, t)
+        return
     if t.values is not None:  # computed from the config (Llama 3's rope_freqs)
         yield np.array(t.values, dtype=np.float32).reshape(1, -1)
         return
@@ -131,6 +136,25 @@ def chunks(ckpt: Checkpoint, t: TensorPlan) -> Iterator[np.ndarray]:
             else:
                 yield picked_columns(ckpt.rows(src.name, start, stop, src.expert, order + first), src)
             ckpt.release(src.name)
+
+
+def mxfp4_chunks(ckpt: Checkpoint, t: TensorPlan) -> Iterator[np.ndarray]:
+    """An MXFP4 tensor's GGUF bytes, expert by expert, from a checkpoint's ``_blocks`` (32 values a
+    block, two a byte: value 2i in the low nibble of byte i, 2i + 1 in the high one) and ``_scales``
+    (the E8M0 exponent, bias 127): GGUF's blocks are the exponent byte, then value j in the low
+    nibble of byte j and j + 16 in the high one (ggml-common.h); the E2M1 codes and the exponent
+    carry over as they are (ggml's grid is E2M1's doubled, its scale the exponent's power halved)."""
+    for src in t.sources:
+        assert src.scales is not None
+        blocks, scales = ckpt.raw(src.name)[src.expert], ckpt.raw(src.scales)[src.expert]
+        if src.columns is not None:
+            first, step = src.columns
+            blocks, scales = blocks[first::step], scales[first::step]
+        codes = np.stack([blocks & 0x0F, blocks >> 4], axis=-1).reshape(*blocks.shape[:-1], 32)
+        nibbles = codes[..., :16] | (codes[..., 16:] << 4)
+        yield np.concatenate([scales[..., None], nibbles], axis=-1).reshape(blocks.shape[0], -1)
+        ckpt.release(src.name)
+        ckpt.release(src.scales)
 
 
 def picked_columns(block: np.ndarray, src: Source) -> np.ndarray:
@@ -262,7 +286,7 @@ def _write(ckpt: Checkpoint, plan: Plan, vocab, path: Path, type_name: str, conf
                 w.write_padding(fout, fout.tell())
                 written = 0
                 for chunk in chunks(ckpt, t):
-                    data = quantize(chunk, gtype)
+                    data = chunk.reshape(-1) if t.gtype is not None else quantize(chunk, gtype)
                     fout.write(memoryview(data))
                     written += data.nbytes
                     bar.advance(data.nbytes)
