@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from tiny_rounding import MIN_QUANT_AGREEMENT, MXFP4_VALUES, ROUNDINGS, is_expert, is_router, quant_agreement
+from tiny_rounding import MIN_QUANT_AGREEMENT, ROUNDINGS, is_expert, is_router, mxfp4_grid, quant_agreement
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "tiny_hf"
@@ -207,8 +207,6 @@ SPECS: dict[str, Spec] = {
 }
 SINK_STD = 1.0  # gpt-oss's sinks: logits as large as the scores they compete with
 GATE_UP_GAIN = 4.0  # gpt-oss's experts' gate/up: wide enough that its SwiGLU's clamp at 7 binds
-MXFP4_STD = float(MXFP4_VALUES.square().mean().sqrt())  # of a value drawn uniformly from the grid
-MXFP4_MAX = 12.0  # the grid's largest value: one a block fixes its exponent
 
 
 def grid(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tensor:
@@ -222,18 +220,6 @@ def grid(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tens
     for row in blocks:  # the block's extremes at two random places
         lo, hi = torch.randperm(BLOCK, generator=gen)[:2]
         row[lo], row[hi] = Q_MIN, Q_MAX
-    return (blocks * scale).reshape(shape)
-
-
-def mxfp4_grid(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tensor:
-    """Random values of about ``std`` that MXFP4 stores exactly: per block of the last axis, doubled
-    E2M1 values with one of magnitude MXFP4_MAX (which sets the block's exponent), times a power of two."""
-    scale = 2.0 ** round(math.log2(std / MXFP4_STD))
-    k = MXFP4_VALUES[torch.randint(0, len(MXFP4_VALUES), shape, generator=gen)]
-    blocks = k.reshape(-1, BLOCK).clone()
-    at = torch.randint(0, BLOCK, (len(blocks),), generator=gen)
-    sign = torch.randint(0, 2, (len(blocks),), generator=gen).float() * 2 - 1
-    blocks[torch.arange(len(blocks)), at] = sign * MXFP4_MAX
     return (blocks * scale).reshape(shape)
 
 

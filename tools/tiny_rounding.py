@@ -5,10 +5,12 @@ stores them (ggml's rounding rules, simulated in torch), its top-1 choices kept.
 a quantized conversion stores is rounded so: Q8_0, Q4_0, Q8_0 with its error doubled (headroom for
 engines that also round activations, llama.cpp), and for gpt-oss MXFP4_MOE (the experts MXFP4, the
 rest Q8_0). A matrix is rounded along GGUF's rows: for gpt-oss's fused experts, the checkpoint's columns.
+``mxfp4_grid`` draws values MXFP4 stores exactly (gpt-oss's tiny experts).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -22,6 +24,8 @@ Q8_ERROR_HEADROOM = 2.0
 MXFP4_VALUES = torch.tensor([0.0, 1, 2, 3, 4, 6, 8, 12, -1, -2, -3, -4, -6, -8, -12])
 # gpt-oss's fused experts, stored transposed from GGUF's rows (other families' fused experts are not).
 TRANSPOSED = ("experts.gate_up_proj", "experts.down_proj")
+MXFP4_STD = float(MXFP4_VALUES.square().mean().sqrt())  # of a value drawn uniformly from the grid
+MXFP4_MAX = 12.0  # the grid's largest value: one a block fixes its exponent
 ROUTERS = (".mlp.gate.weight", ".mlp.router.weight")
 
 
@@ -102,3 +106,13 @@ def quant_agreement(model: torch.nn.Module, ids: torch.Tensor, reference: torch.
     return out
 
 
+def mxfp4_grid(shape: tuple[int, ...], std: float, gen: torch.Generator) -> torch.Tensor:
+    """Random values of about ``std`` that MXFP4 stores exactly: per block of the last axis, doubled
+    E2M1 values with one of magnitude MXFP4_MAX (which sets the block's exponent), times a power of two."""
+    scale = 2.0 ** round(math.log2(std / MXFP4_STD))
+    k = MXFP4_VALUES[torch.randint(0, len(MXFP4_VALUES), shape, generator=gen)]
+    blocks = k.reshape(-1, BLOCK).clone()
+    at = torch.randint(0, BLOCK, (len(blocks),), generator=gen)
+    sign = torch.randint(0, 2, (len(blocks),), generator=gen).float() * 2 - 1
+    blocks[torch.arange(len(blocks)), at] = sign * MXFP4_MAX
+    return (blocks * scale).reshape(shape)
