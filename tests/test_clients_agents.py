@@ -116,13 +116,16 @@ def no_envelope(run: Run) -> None:
     assert '"tool_call"' not in run.out, run.describe()
 
 
-def check_tool_turn(run: Run, exchanges: list[Exchange], path: str, model_ends: tuple[str, ...]) -> None:
+def check_tool_turn(run: Run, exchanges: list[Exchange], path: str, model_ends: tuple[str, ...],
+                    ending_tools: tuple[str, ...] = ()) -> None:
     """A tool-using agent's turn: requests to ``path``, each answered 2xx or, where the model's tool
     loop outgrew the context, OpenAI's 400 ``context_length_exceeded``; no raw envelope printed.
     Exit 0, or else an end that is the model's: that 400 came (Continue and Codex stop there), the
-    client says the answer was cut by its budget (``model_ends``: the client's own words), or the
-    client was still looping when the test stopped it (opencode compacts its history at the
-    context's end and goes on calling tools). Never a refused field."""
+    client says the answer was cut by its budget (``model_ends``: the client's own words), the
+    model called a tool that ends the client (``ending_tools``: Continue's ``Exit``, after which
+    ``cn -p`` exits 1 saying nothing), or the client was still looping when the test stopped it
+    (opencode compacts its history at the context's end and goes on calling tools). Never a
+    refused field."""
     report = f"{run.describe()}\n--- requests\n{RecordingProxy.report(exchanges)}"
     assert any(e.path == path for e in exchanges), report
     refused = [e for e in exchanges if not 200 <= e.status < 300]
@@ -130,12 +133,14 @@ def check_tool_turn(run: Run, exchanges: list[Exchange], path: str, model_ends: 
         assert e.status == 400 and b"context_length_exceeded" in e.answer, f"refused:\n{report}"
     if run.code != 0:
         stopped = run.code == -1
-        assert refused or stopped or any(end in run.out + run.err for end in model_ends), report
+        ended = any(f'"name": "{name}"'.encode() in e.answer for e in exchanges for name in ending_tools)
+        assert refused or stopped or ended or any(end in run.out + run.err for end in model_ends), report
     no_envelope(run)
 
 
 def tool_turns(proxy: RecordingProxy, args: list[str], cwd: Path, env: dict[str, str],
-               timeout: float, path: str, model_ends: tuple[str, ...] = ()) -> None:
+               timeout: float, path: str, model_ends: tuple[str, ...] = (),
+               ending_tools: tuple[str, ...] = ()) -> None:
     """Turns until one holds a tool round trip, at most ATTEMPTS, every one checked
     (``check_tool_turn``). The model samples (temperature 1 unless the client sets one): it may
     answer in text, or call tools until the context is full; a repeated turn starts quickly, its
@@ -143,7 +148,7 @@ def tool_turns(proxy: RecordingProxy, args: list[str], cwd: Path, env: dict[str,
     seen = []
     for _ in range(ATTEMPTS):
         run, exchanges = turn(proxy, args, cwd, env, timeout)
-        check_tool_turn(run, exchanges, path, model_ends)
+        check_tool_turn(run, exchanges, path, model_ends, ending_tools)
         if round_trips(exchanges):
             return
         seen.append(f"{run.describe()}\n--- requests\n{RecordingProxy.report(exchanges)}")
@@ -237,7 +242,7 @@ def test_continue_cn(proxied, workdir, tmp_path):
     args = [str(agent_bin("cn")), "--config", str(config), "--readonly", "--exclude", "Bash",
             "--exclude", "Fetch", "-p",
             "Use the Read tool to read notes.txt, then say the secret word."]
-    tool_turns(proxy, args, workdir, env, CONTINUE_S, "/v1/chat/completions")
+    tool_turns(proxy, args, workdir, env, CONTINUE_S, "/v1/chat/completions", ending_tools=("Exit",))
 
 
 def git(repo: Path, *args: str) -> None:
