@@ -76,11 +76,11 @@ serve: install
 # The tests compare against llama.cpp (the converter's names and routing, the golden outputs), so
 # its set-up installs the peer too: pip builds it once (~3 min on 2 cores) and caches the wheel.
 # Two property tests repeat a random trial and the soak (tests/test_soak.py) runs for a while;
-# `make test` runs fewer trials and a 20 s soak to stay inside its time budget (every test runs),
+# `make test` runs fewer trials and a 10 s soak to stay inside its time budget (every test runs),
 # `make test-long` the full counts: 100 kill -9 rounds, 200 sampled replies checked for template
 # text, a 300 s soak. The browser tests' screenshots go to test-artifacts/ (ignored); `make
 # screenshots` refreshes the ones in docs/.
-FAST_COUNTS := COLI_CRASH_ROUNDS=20 COLI_LEAK_SAMPLES=96 COLI_SOAK_S=20 COLI_SCREENSHOT_DIR=test-artifacts
+FAST_COUNTS := COLI_CRASH_ROUNDS=12 COLI_LEAK_SAMPLES=64 COLI_SOAK_S=10 COLI_SCREENSHOT_DIR=test-artifacts
 # Two pytest-xdist workers, each taking whole files (--dist loadfile: a module's fixtures and its
 # order stay in one process): much of the suite waits on servers, engines and clients, so two files
 # at once use both cores (a 2-core run: 26 min -> 14 min, loaded by other work). `WORKERS=0`: one

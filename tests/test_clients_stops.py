@@ -15,7 +15,7 @@ from colibri.model.text import ModelText
 from colibri.settings import default_model_path
 
 # The issue saw 2 leaks in ~40 samples: 200 make a clean run meaningful (``make test-long``);
-# ``make test`` takes 96 (COLI_LEAK_SAMPLES) to keep the suite inside its time budget.
+# ``make test`` takes 64 (COLI_LEAK_SAMPLES) to keep the suite inside its time budget.
 SAMPLES = int(os.environ.get("COLI_LEAK_SAMPLES", "200"))
 BATCH = 16  # slots: the samples run sixteen at a time
 LEAKS = ("\nuser\n", "\nassistant\n", "\nsystem\n", "<|im_start|>", "<|im_end|>", "<|endoftext|>")

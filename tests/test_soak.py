@@ -50,7 +50,7 @@ from colibri.api.openai_errors import ApiError
 from colibri.api.openai_requests import parse_chat, parse_completion
 from colibri.model.text import ModelText
 
-SOAK_S = float(os.environ.get("COLI_SOAK_S", "20"))  # make test: 20 (~55 s in all), make test-long: 300
+SOAK_S = float(os.environ.get("COLI_SOAK_S", "20"))  # make test: 10 (~35 s in all), make test-long: 300
 WARMUP_S = 6.0  # the same mix before the baseline: every kind's first rounds, allocator arenas grown
 SLOTS, CTX, MAX_BODY_MB = 2, 2048, 4
 SERVER_ARGS = ("--kv-slots", str(SLOTS), "--ctx", str(CTX), "--write-timeout", "2", "--max-queue", "8",
