@@ -19,7 +19,7 @@ NGINX_STAMP := $(VENV)/.nginx-installed
 NGINX := /usr/sbin/nginx
 NGINX_NOTE := $(VENV)/.nginx-missing
 NGINX_LOG := $(VENV)/.nginx-apt.log
-# The coding agents that tests/test_clients_agents.py drives, unchanged, against `coli serve`: the
+# The coding agents that tests/test_clients_agents*.py drive, unchanged, against `coli serve`: the
 # npm ones into $(AGENTS_DIR) (`npm install --prefix`, nothing global), aider into a venv of its own
 # (it pins exact versions of openai, litellm, numpy, ... that would move the test venv's). Node.js
 # and npm come from Debian (apt_once) when the machine has no npm; only when there is still none

@@ -15,9 +15,11 @@ where the model's own answers ended the turn, the client's report of that: after
 this model mostly calls tools again until the context is full (the server then answers the 400
 ``context_length_exceeded`` that OpenAI gives; Continue and Codex stop there, opencode compacts
 and goes on until the test stops it), or rambles inside a call until its answer's budget (Codex
-says so; measured on Codex: 2 of 14 turns exited 0, both without a call). The tasks
-ask for a tool by name so the model is likely to call one; as it samples, a turn without a call is
-repeated (up to ATTEMPTS, each one checked), its prompt's prefix still in a KV slot. One server
+says so; measured on Codex: 2 of 14 turns exited 0, both without a call). That the clients'
+turns end with exit 0 when the model ends them is ``test_clients_agents_trained.py``'s, on a tiny
+model trained on these turns. The tasks ask for a tool by name so the model is likely to call
+one; as it samples, a turn without a call is repeated (up to ATTEMPTS, each one checked), its
+prompt's prefix still in a KV slot. One server
 for the module, at its default context (the model's own: 8,192 tokens; Codex's prompt with its
 own instructions is ~6,500 tokens, with the test's short ones ~2,700; opencode's ~7,700 with every
 tool, ~3,000 with the read-only ones). A failure prints the exchanges, each request's status and
@@ -26,25 +28,25 @@ the start of its answer.
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from pathlib import Path
 
+import agents_clients
 import pytest
-from agents_harness import (
-    Exchange,
-    RecordingProxy,
-    Run,
-    agent_bin,
-    aider_bin,
-    run_agent,
-    scratch_env,
+from agents_clients import (
+    CODEX_MODEL_ENDS,
+    Setup,
+    codex,
+    continue_cn,
+    no_envelope,
+    opencode,
+    round_trips,
+    turn,
 )
+from agents_harness import Exchange, RecordingProxy, Run, aider_bin, scratch_env
 from serve_harness import running_server
 
-NOTES = "The secret word is lighthouse.\n"
-SETTLE_S = 120  # an agent may exit with a request still running (opencode's title)
 CODEX_S = 600
 OPENCODE_S = 150  # a turn of a model that keeps calling tools is stopped here
 CONTINUE_S = 360
@@ -52,11 +54,6 @@ AIDER_S = 240
 # Turns of a tool-using agent, until one makes a tool round trip (one without a call is quick,
 # ~25 s): the model samples, and opencode's turns made no call six times in a row in one CI run.
 ATTEMPTS = 10
-# Codex's own instructions (~4,000 tokens) replaced by these (`model_instructions_file`): with its
-# tools they leave an 8,192-token model room for a tool loop (docs/api.md, "Coding agents").
-CODEX_INSTRUCTIONS = """You are a coding agent in a terminal. Run commands with the tools to read and \
-change files in the working directory. When the task is done, answer in one short sentence.
-"""
 
 
 @pytest.fixture(scope="module")
@@ -72,19 +69,7 @@ def proxied():
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "notes.txt").write_text(NOTES)
-    return work
-
-
-def turn(proxy: RecordingProxy, args: list[str], cwd: Path, env: dict[str, str],
-         timeout: float) -> tuple[Run, list[Exchange]]:
-    """Run the agent's turn; what it did and every request it sent, each ended."""
-    mark = proxy.mark()
-    run = run_agent(args, cwd, env, timeout)
-    proxy.settle(SETTLE_S)
-    return run, proxy.since(mark)
+    return agents_clients.workdir(tmp_path)
 
 
 def check_turn(run: Run, exchanges: list[Exchange], path: str) -> None:
@@ -94,26 +79,6 @@ def check_turn(run: Run, exchanges: list[Exchange], path: str) -> None:
     assert any(e.path == path for e in exchanges), report
     failed = [e for e in exchanges if not 200 <= e.status < 300]
     assert not failed, f"answered non-2xx:\n{RecordingProxy.report(failed)}\n\n{report}"
-
-
-def round_trips(exchanges: list[Exchange]) -> list[str]:
-    """Call ids an answer gave that a later request sent back as a tool result (chat's ``tool``
-    message ``tool_call_id``; Responses' ``function_call_output`` ``call_id``)."""
-    given: set[str] = set()
-    back: list[str] = []
-    for e in exchanges:
-        body = e.body()
-        results = [m.get("tool_call_id") for m in body.get("messages", []) if m.get("role") == "tool"]
-        results += [i.get("call_id") for i in body.get("input", [])
-                    if isinstance(i, dict) and i.get("type") == "function_call_output"]
-        back += [r for r in results if r in given and r not in back]
-        given |= e.call_ids
-    return back
-
-
-def no_envelope(run: Run) -> None:
-    """The answer printed holds no raw ``{"tool_call": …`` envelope (a call cut by the budget)."""
-    assert '"tool_call"' not in run.out, run.describe()
 
 
 def check_tool_turn(run: Run, exchanges: list[Exchange], path: str, model_ends: tuple[str, ...],
@@ -138,16 +103,15 @@ def check_tool_turn(run: Run, exchanges: list[Exchange], path: str, model_ends: 
     no_envelope(run)
 
 
-def tool_turns(proxy: RecordingProxy, args: list[str], cwd: Path, env: dict[str, str],
-               timeout: float, path: str, model_ends: tuple[str, ...] = (),
-               ending_tools: tuple[str, ...] = ()) -> None:
+def tool_turns(proxy: RecordingProxy, setup: Setup, cwd: Path, timeout: float, path: str,
+               model_ends: tuple[str, ...] = (), ending_tools: tuple[str, ...] = ()) -> None:
     """Turns until one holds a tool round trip, at most ATTEMPTS, every one checked
     (``check_tool_turn``). The model samples (temperature 1 unless the client sets one): it may
     answer in text, or call tools until the context is full; a repeated turn starts quickly, its
     prompt's prefix in a KV slot."""
     seen = []
     for _ in range(ATTEMPTS):
-        run, exchanges = turn(proxy, args, cwd, env, timeout)
+        run, exchanges = turn(proxy, setup, cwd, timeout)
         check_tool_turn(run, exchanges, path, model_ends, ending_tools)
         if round_trips(exchanges):
             return
@@ -156,93 +120,31 @@ def tool_turns(proxy: RecordingProxy, args: list[str], cwd: Path, env: dict[str,
                          + "\n\n".join(seen))
 
 
-# Codex's words when the model's answer reached its budget (the server's `response.incomplete`:
-# 1,024 tokens when the request sets none, as Codex's never do).
-CODEX_MODEL_ENDS = ("Incomplete response returned, reason: max_output_tokens",)
-
-
-def codex_config(home: Path, model_id: str, base_url: str) -> None:
-    """The scratch ``CODEX_HOME``: a Responses provider at the server and short instructions; the
-    features whose tools a small model only derails on (goals, images, skills) off."""
-    (home / "instructions.md").write_text(CODEX_INSTRUCTIONS)
-    (home / "config.toml").write_text(
-        f'model = "{model_id}"\n'
-        'model_provider = "colibri"\n'
-        f'model_instructions_file = "{home / "instructions.md"}"\n'
-        "[features]\ngoals = false\nview_image = false\nskill_search = false\nimage_generation = false\n"
-        # Its subagent tools (a `namespace` of ~2,500 tokens) are off too: an 8,192-token model.
-        "[agents]\nenabled = false\n"
-        "[analytics]\nenabled = false\n"
-        "[model_providers.colibri]\n"
-        'name = "colibri"\n'
-        f'base_url = "{base_url}/v1"\n'
-        'env_key = "COLIBRI_API_KEY"\n'
-        'wire_api = "responses"\n'
-        "request_max_retries = 0\n"  # a refused request fails the turn at once, not after retries
-        "stream_max_retries = 0\n")
-
-
 def test_codex_exec(proxied, workdir, tmp_path):
     """``codex exec`` through a ``wire_api = "responses"`` provider: its requests with ``include``,
     ``client_metadata``, ``reasoning.summary`` and a ``web_search`` tool, then its tool results, and
     a command's result sent back as a ``function_call_output``."""
     server, proxy = proxied
-    home = tmp_path / "codex-home"
-    home.mkdir()
-    codex_config(home, server.model_id, proxy.base_url)
-    env = scratch_env(tmp_path / "home", CODEX_HOME=str(home), COLIBRI_API_KEY="local")
-    args = [str(agent_bin("codex")), "exec", "--skip-git-repo-check",
-            "Use the exec_command tool to run `cat notes.txt`, then say the secret word."]
-    tool_turns(proxy, args, workdir, env, CODEX_S, "/v1/responses", CODEX_MODEL_ENDS)
+    setup = codex(tmp_path, server.model_id, proxy.base_url)
+    tool_turns(proxy, setup, workdir, CODEX_S, "/v1/responses", CODEX_MODEL_ENDS)
 
 
 def test_opencode_run(proxied, workdir, tmp_path):
-    """``opencode run`` with an ``@ai-sdk/openai-compatible`` provider and no ``limit`` on its
-    model: its agent loop (``max_tokens: 32000``, capped to what the context leaves) answered, a
-    tool's result sent back. Its session title goes to a ``small_model`` entry, the same server with
-    an output limit (unlimited, this model's title ran 8 minutes on a loaded host). A turn whose
-    model keeps calling tools does not end (opencode compacts its history at the context's end and
-    goes on, ``steps`` or not): the test stops it after OPENCODE_S."""
+    """``opencode run`` with no ``limit`` on its model: its agent loop (``max_tokens: 32000``,
+    capped to what the context leaves) answered, a tool's result sent back. A turn whose model keeps
+    calling tools does not end (opencode compacts its history at the context's end and goes on,
+    ``steps`` or not): the test stops it after OPENCODE_S."""
     server, proxy = proxied
-    small = f"{server.model_id}-title"
-    (workdir / "opencode.json").write_text(json.dumps({
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {"colibri": {
-            "npm": "@ai-sdk/openai-compatible", "name": "colibri",
-            "options": {"baseURL": f"{proxy.base_url}/v1", "apiKey": "local"},
-            "models": {server.model_id: {"name": server.model_id},
-                       # its session title: the same server, an answer of a title's length
-                       small: {"name": small, "limit": {"context": 8192, "output": 32}}}}},
-        "small_model": f"colibri/{small}",
-        # Read-only tools: a small model's calls run on this machine (and the prompt stays ~3,000
-        # tokens instead of ~7,700).
-        "tools": {name: False for name in ("bash", "edit", "write", "webfetch", "task", "todowrite",
-                                           "skill")},
-        "permission": {"bash": "deny", "edit": "deny", "webfetch": "deny",
-                       "external_directory": "deny"},
-    }))
-    env = scratch_env(tmp_path / "home", OPENCODE_DISABLE_AUTOUPDATE="1")
-    args = [str(agent_bin("opencode")), "run", "-m", f"colibri/{server.model_id}",
-            "Use the read tool to read notes.txt, then say the secret word."]
-    tool_turns(proxy, args, workdir, env, OPENCODE_S, "/v1/chat/completions")
+    setup = opencode(workdir, tmp_path, server.model_id, proxy.base_url)
+    tool_turns(proxy, setup, workdir, OPENCODE_S, "/v1/chat/completions")
 
 
 def test_continue_cn(proxied, workdir, tmp_path):
     """``cn -p`` with an ``openai`` provider at the server: its tool loop all 2xx, a tool's result
     sent back, and no raw ``{"tool_call": …`` envelope printed as the answer."""
     server, proxy = proxied
-    config = tmp_path / "continue.yaml"
-    config.write_text(
-        "name: colibri\nversion: 0.0.1\nschema: v1\nmodels:\n"
-        f"  - name: colibri\n    provider: openai\n    model: {server.model_id}\n"
-        f"    apiBase: {proxy.base_url}/v1\n    apiKey: local\n    roles: [chat, edit, apply]\n"
-        "    defaultCompletionOptions:\n      maxTokens: 512\n")
-    env = scratch_env(tmp_path / "home")
-    # Plan mode, and no shell or web: a small model's calls run on this machine.
-    args = [str(agent_bin("cn")), "--config", str(config), "--readonly", "--exclude", "Bash",
-            "--exclude", "Fetch", "-p",
-            "Use the Read tool to read notes.txt, then say the secret word."]
-    tool_turns(proxy, args, workdir, env, CONTINUE_S, "/v1/chat/completions", ending_tools=("Exit",))
+    setup = continue_cn(tmp_path, server.model_id, proxy.base_url)
+    tool_turns(proxy, setup, workdir, CONTINUE_S, "/v1/chat/completions", ending_tools=("Exit",))
 
 
 def git(repo: Path, *args: str) -> None:
@@ -266,6 +168,6 @@ def test_aider_message(proxied, workdir, tmp_path):
             str(settings), "--no-check-update", "--no-analytics", "--yes-always", "--no-gitignore",
             "--no-show-model-warnings", "--no-pretty", "--no-fancy-input", "--map-tokens", "0",
             "notes.txt", "--message", "Add a line saying hello to notes.txt."]
-    run, exchanges = turn(proxy, args, workdir, env, AIDER_S)
+    run, exchanges = turn(proxy, (args, env), workdir, AIDER_S)
     check_turn(run, exchanges, "/v1/chat/completions")
     assert not re.search(r"BadRequestError|APIError|litellm\.\w+Error", run.out + run.err), run.describe()
