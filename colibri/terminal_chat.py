@@ -3,7 +3,8 @@
 The engine runs in its own session so that the terminal's Ctrl-C reaches only us: during an
 answer it becomes ``\\x02CANCEL`` (the answer stops, the program stays); at the prompt it is
 ignored. ``/reset`` forgets the conversation, ``/more`` continues a cut answer, Ctrl-D or
-``/quit`` leaves.
+``/quit`` leaves. A gpt-oss reply in its harmony format shows its answer; its reasoning (the
+``analysis`` channel) dim on a terminal and not at all when the output is piped.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import sys
 import trio
 
 from colibri.io import legacy
+from colibri.model.harmony import HarmonySplit
 
 HELP = "/reset  forget the conversation   /more  continue the answer   /quit  leave (or Ctrl-D)"
+DIM, RESET = "\x1b[2m", "\x1b[0m"
 
 
 def chat(engine_args: list[str]) -> int:
@@ -70,7 +73,9 @@ def _input() -> str:
 
 
 async def _print_answer(proc, reader: legacy.OutputReader, utf8, quiet: bool) -> bool:
-    """Stream the answer to stdout until END; False if the engine went away."""
+    """Stream the answer to stdout until END; False if the engine went away. The text goes through
+    ``HarmonySplit``, which passes a reply that opens with no harmony header through whole."""
+    split = HarmonySplit()
     while True:
         data = await proc.stdout.receive_some(1 << 16)
         if not data:
@@ -79,16 +84,23 @@ async def _print_answer(proc, reader: legacy.OutputReader, utf8, quiet: bool) ->
             match event:
                 case legacy.Answer(text=text):
                     if not quiet:
-                        sys.stdout.write(utf8.decode(text))
-                        sys.stdout.flush()
+                        _show(*split.feed(utf8.decode(text)))
                 case legacy.Failed(code=code):
                     print(f"[{code}]", file=sys.stderr)
                 case legacy.End(length_limited=cut):
                     if not quiet:
-                        hint = "  [/more continues]" if cut else ""
-                        sys.stdout.write(utf8.decode(b"", final=True) + hint + "\n")
+                        _show(*split.feed(utf8.decode(b"", final=True)))
+                        _show(*split.flush())
+                        sys.stdout.write("  [/more continues]\n" if cut else "\n")
                         sys.stdout.flush()
                     return True
+
+
+def _show(reasoning: str, answer: str) -> None:
+    if reasoning and sys.stdout.isatty():
+        sys.stdout.write(DIM + reasoning + RESET)
+    sys.stdout.write(answer)
+    sys.stdout.flush()
 
 
 async def _ctrl_c(proc, state: dict) -> None:

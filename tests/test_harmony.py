@@ -1,4 +1,4 @@
-"""``colibri.api.harmony``: gpt-oss's replies split into reasoning, answer and tool calls, on chosen
+"""``colibri.model.harmony``: gpt-oss's replies split into reasoning, answer and tool calls, on chosen
 text, whole and streamed a character at a time (the markers then arrive cut anywhere). The real
 model end to end: tests/test_serve_harmony.py."""
 
@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from colibri.api.harmony import HarmonySplit, split_harmony
-from colibri.model.chat import speaks_harmony
+from colibri.model.harmony import HarmonySplit, speaks_harmony, split_harmony
 from colibri.model.tool_format import ToolSet
 
 TOOLS = ToolSet(({"name": "get_weather", "parameters": {"type": "object"}},))

@@ -12,6 +12,8 @@ message's reasoning level. The splitter's every case, on chosen text: tests/test
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -128,3 +130,16 @@ def test_reasoning_effort_sets_the_system_messages_level(model, effort: str) -> 
     assert f"Reasoning: {effort}\n" in gen.prompt and gen.harmony and gen.reasoning
     default = parse_chat({"messages": body["messages"]}, text.render, 512, 1)
     assert "Reasoning: medium\n" in default.prompt
+
+
+def test_coli_chat_shows_the_answer_without_the_markup(model) -> None:
+    """``coli chat`` on a harmony model (the legacy protocol: greedy): the ``final`` channel's text;
+    the analysis not at all, its output being piped, and no markup."""
+    analysis, final = learned("greeting")
+    proc = subprocess.run(
+        [sys.executable, "-m", "colibri", "chat", "--model", str(model), "--ctx", "512",
+         "--max-tokens", str(MAX_TOKENS)],
+        input=b"Hello!\n/quit\n", capture_output=True, timeout=300)
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert final in out and analysis not in out and "<|" not in out, out

@@ -18,12 +18,12 @@ from typing import Any
 import trio
 
 from colibri.api.engine_client import EngineClient, EngineDied, Ticket
-from colibri.api.harmony import HarmonySplit
 from colibri.api.metrics import ServerMetrics
 from colibri.api.openai_requests import Generation
 from colibri.api.reasoning import ReasoningSplit
 from colibri.api.stop import StopMatcher
 from colibri.io.events import Data, Done, Error, ErrorCode, Perf, TopK
+from colibri.model.harmony import HarmonySplit
 
 
 class GenerationFailed(Exception):

@@ -41,7 +41,7 @@ from colibri.api.tools import (
 )
 from colibri.errors import ColibriError
 from colibri.io.events import TOPK_CANDIDATES
-from colibri.model.chat import speaks_harmony
+from colibri.model.harmony import speaks_harmony
 from colibri.model.text import ClientMarkupError
 
 # The engine's TOPK lines carry this many candidates: the most top_logprobs can give.
@@ -434,9 +434,10 @@ def parse_chat(
     clean = _chat_messages(body.get("messages"))
     if template_tools is None:
         template_tools = _template_flag(render, "template_uses_tools")
-    harmony = speaks_harmony(_template_source(render))
+    source = _template_source(render)
+    harmony = speaks_harmony(source)
     if template_thinks is None:
-        template_thinks = reasoning.template_thinks(_template_source(render)) or harmony
+        template_thinks = reasoning.template_thinks(source) or harmony
     plan = parse_tools(body, template_tools)
     grammar = _grammar(body, plan)
     style = plan.style if plan is not None else ("template" if template_tools else "generic")

@@ -45,12 +45,6 @@ class ChatTemplateError(ColibriError):
     pass
 
 
-def speaks_harmony(source: str) -> bool:
-    """A template of OpenAI's harmony format (gpt-oss): it writes channel headers, and a model's
-    calls as ``to=functions.NAME`` messages (``colibri.api.harmony`` reads them back)."""
-    return "<|channel|>" in source and "<|message|>" in source
-
-
 def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     """transformers' ``tojson``: the tools' JSON as the model was trained on it (jinja's own sorts

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from colibri.errors import ColibriError
-from colibri.model.chat import BUILTIN_TEMPLATES, ChatTemplate, speaks_harmony
+from colibri.model.chat import BUILTIN_TEMPLATES, ChatTemplate
+from colibri.model.harmony import speaks_harmony
 from colibri.model.tokenizer import GGUFTokenizer
 from colibri.store.gguf import GGUFFile
 

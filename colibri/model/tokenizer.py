@@ -16,6 +16,7 @@ from functools import lru_cache
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from colibri.model import harmony
 from colibri.model.tokenizer_spm import (
     TOKEN_CONTROL,
     TOKEN_NORMAL,
@@ -39,12 +40,6 @@ END_OF_GENERATION_TEXTS = frozenset({
 TURN_START_TEXTS = frozenset({
     "<|im_start|>", "<|start_header_id|>", "<start_of_turn>", "<|user|>", "<|assistant|>", "<|system|>",
 })
-# OpenAI's harmony format (gpt-oss): a vocabulary with these control tokens renders them as their
-# text, so that the server can split a reply into its channels (``api/harmony.py``), and ends a
-# generation on ``<|return|>`` and ``<|call|>`` alone: ``<|end|>`` ends one message of several.
-HARMONY_TEXTS = frozenset({"<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>",
-                           "<|return|>", "<|call|>"})
-HARMONY_END_OF_MESSAGE = "<|end|>"
 
 
 # GPT-2's word split, which llama.cpp applies after its per-model splits.
@@ -134,16 +129,17 @@ class GGUFTokenizer:
         self.parsed_types = (*kept_whole, TOKEN_UNKNOWN) if spm else kept_whole
         controls = {tok: i for i, (tok, ty) in enumerate(zip(tokens, types, strict=True))
                     if ty in kept_whole}
-        self.harmony = "<|channel|>" in controls and "<|message|>" in controls
-        ends = END_OF_GENERATION_TEXTS | TURN_START_TEXTS
+        # A harmony vocabulary renders its markup as text, so that the server can split a reply
+        # into its channels (``harmony.py``), and ``<|end|>`` ends a message, not the reply.
+        self.harmony = harmony.speaks_harmony(controls)
         if self.harmony:
-            ends -= {HARMONY_END_OF_MESSAGE}
-            for text in HARMONY_TEXTS & controls.keys():
+            for text in set(harmony.MARKUP) & controls.keys():
                 self._bytes[controls[text]] = text.encode()
+        ends = END_OF_GENERATION_TEXTS | TURN_START_TEXTS
         marked = (i for tok, i in controls.items() if tok in ends)
         stops = {*(i for i in (self.eos_id, self.eot_id) if i is not None), *marked}
-        if self.harmony:  # (a file may name <|end|> its eot)
-            stops.discard(controls.get(HARMONY_END_OF_MESSAGE))
+        if self.harmony:  # (whether the file marks it an end of text or names it its eot)
+            stops.discard(controls.get(harmony.END_OF_MESSAGE))
         self.stop_ids = frozenset(stops)
         # The most bytes of text one token stands for (a control token: its own text): a text of
         # B bytes is at least B / max_token_bytes tokens, which bounds what a prompt can weigh. A

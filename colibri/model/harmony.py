@@ -1,4 +1,6 @@
-"""gpt-oss's replies in OpenAI's harmony format, split as they stream: the ``analysis`` channel is
+"""OpenAI's harmony format (gpt-oss): its markup tokens, named once (the tokenizer renders them as
+their text and ends a generation on ``RETURN`` and ``CALL`` alone; the template check), and the
+replies split as they stream, for the HTTP server and ``coli chat``: the ``analysis`` channel is
 the reasoning, ``final`` (and ``commentary`` addressed to no one, a preamble) the answer, and a
 message addressed to a function a tool call.
 
@@ -8,7 +10,7 @@ A reply is a run of messages, each a header and a body::
     <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Oslo"}<|call|>
 
 (the prompt ends with ``<|start|>assistant``, so the first header has no role). The vocabulary's
-harmony tokens render as their text for such a model (``tokenizer.HARMONY_TEXTS``), and
+harmony tokens render as their text for such a model, and
 ``<|return|>`` and ``<|call|>`` end the generation (so a reply's last one is no text), ``<|end|>``
 only a message. A call leaves here
 as the Hermes markers every template-style tool plan reads (``tool_format.CALL_OPEN``), its
@@ -29,14 +31,24 @@ from colibri.model.tool_format import CALL_CLOSE, CALL_OPEN
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
+MARKUP = (START, CHANNEL, MESSAGE, CONSTRAIN, END, CALL, RETURN)
+# ``END`` ends one message of several, not the generation (a file may name it its eot).
+END_OF_MESSAGE = END
 # What ends a body: its own end, or a header that begins without one.
 _BODY_ENDS = (END, CALL, RETURN, START, CHANNEL)
-_MARKERS = (START, CHANNEL, MESSAGE, CONSTRAIN, END, CALL, RETURN)
 # A header longer than this never closed: its text is shown, not held forever.
 MAX_HEADER = 512
 _CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([A-Za-z_]+)")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 FUNCTIONS = "functions."  # the namespace the template declares the client's tools in
+
+
+
+def speaks_harmony(texts: str | dict[str, int]) -> bool:
+    """A template's source, or a vocabulary's control tokens, of the harmony format: it writes
+    channel headers (and a model's calls as ``to=functions.NAME`` messages)."""
+    return CHANNEL in texts and MESSAGE in texts
+
 
 # The states: before the first header (it may be none), in a header, in a body, a plain reply.
 _START, _HEADER, _BODY, _PLAIN = "start", "header", "body", "plain"
@@ -48,7 +60,7 @@ def _partial_marker(text: str) -> int:
     if at < 0:
         return 1 if text.endswith("<") else 0
     tail = text[at:]
-    return len(tail) if any(m.startswith(tail) and m != tail for m in _MARKERS) else 0
+    return len(tail) if any(m.startswith(tail) and m != tail for m in MARKUP) else 0
 
 
 class HarmonySplit:
