@@ -13,9 +13,10 @@ not to read.
 
 Both its layers are local (Gemma 3 makes every sixth layer global; it has two), attending to
 ``WINDOW`` positions, so a reply depends on the prompt's last 2 × WINDOW tokens only: the long
-instructions, dates and paths before them cannot move it, and training on each prompt's last
-``CROP`` tokens is training on the whole prompt. The call ids, Codex's chunk ids and wall times and
-the tools' outputs are drawn afresh for each of ``VARIANTS`` copies of a conversation. The script
+instructions and paths before them cannot move it, and training on each prompt's last
+``CROP`` tokens is training on the whole prompt. The scratch directory and the date (which Codex
+writes just before the task), the call ids, Codex's chunk ids and wall times and the tools' outputs
+are drawn afresh for each of ``VARIANTS`` copies of a conversation. The script
 checks the greedy replies on the whole prompts (not cropped) and on fresh draws, and refuses a
 model whose smallest top-1 margin over them is under ``MIN_MARGIN``.
 
@@ -72,6 +73,7 @@ TEMPLATE = (
 ANSWER = "I read the file: the secret word is lighthouse."
 TITLE = "Reading notes"
 NOTES = "The secret word is lighthouse.\n"  # the test's notes.txt
+SCRATCH, RECORDED_ON = "/tmp/scratch", "2026-12-07"  # requests.json's scratch directory and date
 # client: (its tool call on the test's task, the request's endpoint)
 CALLS: dict[str, tuple[str, dict[str, Any], str]] = {
     "codex": ("exec_command", {"cmd": "cat notes.txt"}, "responses"),
@@ -135,9 +137,20 @@ def with_result(client: str, body: dict[str, Any], rng: random.Random) -> dict[s
     return body
 
 
+def redrawn(requests: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """The requests with another scratch directory and another date, as another run sends them
+    (Codex writes both in the message just before the task)."""
+    name = "".join(rng.choices("abcdefghijklmnopqrstuvwxyz_", k=rng.randint(4, 30)))
+    user = rng.choice(("root", "ci", "user"))
+    path = f"/tmp/pytest-of-{user}/pytest-{rng.randint(0, 999)}/{name}{rng.randint(0, 9)}"
+    date = f"{rng.randint(2025, 2035)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+    return json.loads(json.dumps(requests).replace(SCRATCH, path).replace(RECORDED_ON, date))
+
+
 def conversations(requests: dict[str, Any], rng: random.Random) -> list[tuple[str, str, str]]:
     """(name, prompt, reply) for each turn the model learns, with fresh draws."""
     out = []
+    requests = redrawn(requests, rng)
     for client, (name, arguments, endpoint) in CALLS.items():
         first = requests[client]
         gen = parsed(first, endpoint)
