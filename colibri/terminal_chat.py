@@ -4,7 +4,7 @@ The engine runs in its own session so that the terminal's Ctrl-C reaches only us
 answer it becomes ``\\x02CANCEL`` (the answer stops, the program stays); at the prompt it is
 ignored. ``/reset`` forgets the conversation, ``/more`` continues a cut answer, Ctrl-D or
 ``/quit`` leaves. A gpt-oss reply in its harmony format shows its answer; its reasoning (the
-``analysis`` channel) dim on a terminal and not at all when the output is piped.
+``analysis`` channel) dim on a terminal and not at all when the output is piped (``Reply``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 import trio
 
 from colibri.io import legacy
-from colibri.model.harmony import HarmonySplit
+from colibri.model.harmony import CHANNEL, START, HarmonySplit
 
 HELP = "/reset  forget the conversation   /more  continue the answer   /quit  leave (or Ctrl-D)"
 DIM, RESET = "\x1b[2m", "\x1b[0m"
@@ -37,6 +37,7 @@ async def _chat(engine_args: list[str]) -> int:
         reader = legacy.OutputReader()
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         print(f"colibri chat. {HELP}", file=sys.stderr)
+        reply = Reply(sys.stdout.isatty())
         try:
             while True:
                 try:
@@ -54,7 +55,9 @@ async def _chat(engine_args: list[str]) -> int:
                 frame = {"/reset": legacy.Reset(), "/more": legacy.More()}.get(command, legacy.UserLine(line))
                 await proc.stdin.send_all(legacy.encode_input(frame))
                 state["busy"] = True
-                if not await _print_answer(proc, reader, utf8, quiet=isinstance(frame, legacy.Reset)):
+                if not isinstance(frame, legacy.More):  # /more goes on with the same reply
+                    reply = Reply(sys.stdout.isatty())
+                if not await _print_answer(proc, reader, utf8, reply, quiet=isinstance(frame, legacy.Reset)):
                     print("colibri: the engine stopped", file=sys.stderr)
                     return 1
                 state["busy"] = False
@@ -72,10 +75,51 @@ def _input() -> str:
     return input("> ")
 
 
-async def _print_answer(proc, reader: legacy.OutputReader, utf8, quiet: bool) -> bool:
-    """Stream the answer to stdout until END; False if the engine went away. The text goes through
-    ``HarmonySplit``, which passes a reply that opens with no harmony header through whole."""
-    split = HarmonySplit()
+class Reply:
+    """A reply's text as shown: a harmony reply (it opens with a header) through ``HarmonySplit``,
+    its analysis dim on a terminal (``dim``) and left out otherwise; any other reply as it comes.
+    One for a user line and the ``/more`` that continue it."""
+
+    HEADERS = (CHANNEL, START)
+
+    def __init__(self, dim: bool) -> None:
+        self.dim = dim
+        self.split: HarmonySplit | None = None
+        self.plain = False
+        self.held = ""  # the reply's start, until it shows whether it opens with a header
+        self.reasoning = False  # the last text shown was reasoning
+
+    def feed(self, text: str, final: bool = False) -> None:
+        if not (self.plain or self.split):
+            self.held += text
+            head = self.held.lstrip()
+            if not final and (not head or any(h.startswith(head) and h != head for h in self.HEADERS)):
+                return
+            if head.startswith(self.HEADERS):
+                self.split = HarmonySplit()
+            else:
+                self.plain = True
+            text, self.held = self.held, ""
+        if self.split is None:
+            self._write("", text)
+            return
+        self._write(*self.split.feed(text))
+        if final:
+            self._write(*self.split.flush())
+
+    def _write(self, reasoning: str, answer: str) -> None:
+        if reasoning and self.dim:
+            sys.stdout.write(DIM + reasoning + RESET)
+            self.reasoning = True
+        if answer:
+            sys.stdout.write(("\n" if self.reasoning else "") + answer)
+            self.reasoning = False
+        sys.stdout.flush()
+
+
+async def _print_answer(proc, reader: legacy.OutputReader, utf8, reply: Reply, quiet: bool) -> bool:
+    """Stream the answer to stdout until END; False if the engine went away. A cut answer's
+    harmony state stays in ``reply`` for the ``/more`` that continues it."""
     while True:
         data = await proc.stdout.receive_some(1 << 16)
         if not data:
@@ -84,23 +128,15 @@ async def _print_answer(proc, reader: legacy.OutputReader, utf8, quiet: bool) ->
             match event:
                 case legacy.Answer(text=text):
                     if not quiet:
-                        _show(*split.feed(utf8.decode(text)))
+                        reply.feed(utf8.decode(text))
                 case legacy.Failed(code=code):
                     print(f"[{code}]", file=sys.stderr)
                 case legacy.End(length_limited=cut):
                     if not quiet:
-                        _show(*split.feed(utf8.decode(b"", final=True)))
-                        _show(*split.flush())
+                        reply.feed(utf8.decode(b"", final=True), final=not cut)
                         sys.stdout.write("  [/more continues]\n" if cut else "\n")
                         sys.stdout.flush()
                     return True
-
-
-def _show(reasoning: str, answer: str) -> None:
-    if reasoning and sys.stdout.isatty():
-        sys.stdout.write(DIM + reasoning + RESET)
-    sys.stdout.write(answer)
-    sys.stdout.flush()
 
 
 async def _ctrl_c(proc, state: dict) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agents_harness import Exchange, RecordingProxy, Run, agent_bin, run_agent, scratch_env
 
-NOTES = "The secret word is lighthouse.\n"
+NOTES = "The secret word is lighthouse.\n"  # (tools/make_tiny_agent.py draws tool outputs alike)
 SETTLE_S = 120  # an agent may exit with a request still running (opencode's title)
 CODEX_TASK = "Use the exec_command tool to run `cat notes.txt`, then say the secret word."
 OPENCODE_TASK = "Use the read tool to read notes.txt, then say the secret word."

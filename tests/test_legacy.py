@@ -76,6 +76,20 @@ async def test_legacy_conversation_more_reset_and_prompt_frame():
     assert await engine.close() == 0
 
 
+async def test_more_continues_the_answer_as_one_longer_answer():
+    """MORE feeds the cut answer's own tokens back (greedy, the same KV positions): the answer and
+    its continuation are the tokens one answer of twice the length gives."""
+    short = await LegacyEngine.start("--protocol", "legacy", "--max-tokens", "16")
+    cut, marks = await short.ask(legacy.UserLine("Tell me a long story about a lighthouse keeper."))
+    assert marks[-1].length_limited
+    more, _ = await short.ask(legacy.More())
+    assert await short.close() == 0
+    long = await LegacyEngine.start("--protocol", "legacy", "--max-tokens", "32")
+    whole, _ = await long.ask(legacy.UserLine("Tell me a long story about a lighthouse keeper."))
+    assert await long.close() == 0
+    assert cut + more == whole
+
+
 async def test_control_token_text_typed_by_the_user_stays_text():
     """What ``coli chat`` sends for a typed line is a legacy user line: its ``<|im_end|>`` is ten
     characters of data (the trust rule), not the end of the user's turn."""

@@ -143,3 +143,21 @@ def test_coli_chat_shows_the_answer_without_the_markup(model) -> None:
     out = proc.stdout.decode()
     assert proc.returncode == 0, proc.stderr.decode()
     assert final in out and analysis not in out and "<|" not in out, out
+
+
+def test_the_legacy_conversation_keeps_the_answer_alone(model) -> None:
+    """The legacy session's history holds a harmony reply's ``final`` text, not its markup: the
+    next turn's prompt is the template over [user, assistant answer, user], token for token."""
+    first = "Hello!"
+    then = CONVERSATIONS["call"]["messages"][0]["content"]
+    engine = subprocess.run(
+        [sys.executable, "-m", "colibri", "engine", "--no-persist", "--protocol", "legacy", "--model",
+         str(model), "--ctx", "512", "--max-tokens", str(MAX_TOKENS)],
+        input=f"{first}\n{then}\n".encode(), capture_output=True, timeout=300)
+    assert engine.returncode == 0, engine.stderr.decode()
+    stats = [line.split() for line in engine.stdout.decode().splitlines() if line.startswith("STAT ")]
+    text = ModelText.open(model)
+    answer = learned("greeting")[1]
+    history = [{"role": "user", "content": first}, {"role": "assistant", "content": answer},
+               {"role": "user", "content": then}]
+    assert int(stats[1][5]) == len(text.encode_chat(history)), stats

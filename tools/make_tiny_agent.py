@@ -14,9 +14,9 @@ not to read.
 Both its layers are local (Gemma 3 makes every sixth layer global; it has two), attending to
 ``WINDOW`` positions, so a reply depends on the prompt's last 2 × WINDOW tokens only: the long
 instructions and paths before them cannot move it, and training on each prompt's last
-``CROP`` tokens is training on the whole prompt. The scratch directory and the date (which Codex
-writes just before the task), the call ids, Codex's chunk ids and wall times and the tools' outputs
-are drawn afresh for each of ``VARIANTS`` copies of a conversation. The script
+``CROP`` tokens is training on the whole prompt. The scratch directory, the date, the shell and
+the timezone (which Codex writes just before the task), the call ids, Codex's chunk ids and wall
+times and the tools' outputs are drawn afresh for each of ``VARIANTS`` copies of a conversation. The script
 checks the greedy replies on the whole prompts (not cropped) and on fresh draws, and refuses a
 model whose smallest top-1 margin over them is under ``MIN_MARGIN``.
 
@@ -72,8 +72,9 @@ TEMPLATE = (
 )
 ANSWER = "I read the file: the secret word is lighthouse."
 TITLE = "Reading notes"
-NOTES = "The secret word is lighthouse.\n"  # the test's notes.txt
+NOTES = "The secret word is lighthouse.\n"  # the test's notes.txt (tests/agents_clients.py)
 SCRATCH, RECORDED_ON = "/tmp/scratch", "2026-12-07"  # requests.json's scratch directory and date
+CODEX_SHELL, CODEX_ZONE = "<shell>bash</shell>", "<timezone>Etc/UTC</timezone>"  # and its host's
 # client: (its tool call on the test's task, the request's endpoint)
 CALLS: dict[str, tuple[str, dict[str, Any], str]] = {
     "codex": ("exec_command", {"cmd": "cat notes.txt"}, "responses"),
@@ -137,14 +138,23 @@ def with_result(client: str, body: dict[str, Any], rng: random.Random) -> dict[s
     return body
 
 
+def _word(rng: random.Random, least: int = 2, most: int = 12) -> str:
+    return "".join(rng.choices("abcdefghijklmnopqrstuvwxyz_", k=rng.randint(least, most)))
+
+
 def redrawn(requests: dict[str, Any], rng: random.Random) -> dict[str, Any]:
-    """The requests with another scratch directory and another date, as another run sends them
-    (Codex writes both in the message just before the task)."""
-    name = "".join(rng.choices("abcdefghijklmnopqrstuvwxyz_", k=rng.randint(4, 30)))
-    user = rng.choice(("root", "ci", "user"))
-    path = f"/tmp/pytest-of-{user}/pytest-{rng.randint(0, 999)}/{name}{rng.randint(0, 9)}"
+    """The requests as another run, machine or day sends them: the scratch directory (under another
+    temporary directory and user), the date, and Codex's shell and timezone (Codex writes all four
+    in the message just before the task)."""
+    base = rng.choice(("/tmp", "/var/tmp", "/" + "/".join(_word(rng) for _ in range(rng.randint(1, 4)))))
+    test = f"{_word(rng, 4, 30)}{rng.randint(0, 9)}"
+    path = f"{base}/pytest-of-{_word(rng)}/pytest-{rng.randint(0, 999)}/{test}"
     date = f"{rng.randint(2025, 2035)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
-    return json.loads(json.dumps(requests).replace(SCRATCH, path).replace(RECORDED_ON, date))
+    shell = rng.choice(("bash", "zsh", "sh", "fish", _word(rng)))
+    zone = rng.choice(("Etc/UTC", "UTC", f"{_word(rng).title()}/{_word(rng).title()}"))
+    text = json.dumps(requests).replace(SCRATCH, path).replace(RECORDED_ON, date)
+    return json.loads(text.replace(CODEX_SHELL, f"<shell>{shell}</shell>")
+                      .replace(CODEX_ZONE, f"<timezone>{zone}</timezone>"))
 
 
 def conversations(requests: dict[str, Any], rng: random.Random) -> list[tuple[str, str, str]]:

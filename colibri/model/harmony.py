@@ -1,5 +1,5 @@
 """OpenAI's harmony format (gpt-oss): its markup tokens, named once (the tokenizer renders them as
-their text and ends a generation on ``RETURN`` and ``CALL`` alone; the template check), and the
+their text; of them only ``RETURN`` and ``CALL`` end a generation), the template check, and the
 replies split as they stream, for the HTTP server and ``coli chat``: the ``analysis`` channel is
 the reasoning, ``final`` (and ``commentary`` addressed to no one, a preamble) the answer, and a
 message addressed to a function a tool call.
@@ -10,10 +10,9 @@ A reply is a run of messages, each a header and a body::
     <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city":"Oslo"}<|call|>
 
 (the prompt ends with ``<|start|>assistant``, so the first header has no role). The vocabulary's
-harmony tokens render as their text for such a model, and
-``<|return|>`` and ``<|call|>`` end the generation (so a reply's last one is no text), ``<|end|>``
-only a message. A call leaves here
-as the Hermes markers every template-style tool plan reads (``tool_format.CALL_OPEN``), its
+harmony tokens render as their text for such a model, and ``<|return|>`` and ``<|call|>`` end the
+generation (so a reply's last one is no text), ``<|end|>`` only a message. A call leaves here as
+the Hermes markers every template-style tool plan reads (``tool_format.CALL_OPEN``), its
 arguments the body's JSON, so it becomes an OpenAI ``tool_calls`` entry like any other; a call cut
 by ``max_tokens`` leaves as an unclosed marker, which the server drops (``tools.cut_call``).
 
@@ -32,8 +31,6 @@ from colibri.model.tool_format import CALL_CLOSE, CALL_OPEN
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
 MARKUP = (START, CHANNEL, MESSAGE, CONSTRAIN, END, CALL, RETURN)
-# ``END`` ends one message of several, not the generation (a file may name it its eot).
-END_OF_MESSAGE = END
 # What ends a body: its own end, or a header that begins without one.
 _BODY_ENDS = (END, CALL, RETURN, START, CHANNEL)
 # A header longer than this never closed: its text is shown, not held forever.
@@ -41,7 +38,6 @@ MAX_HEADER = 512
 _CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*([A-Za-z_]+)")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 FUNCTIONS = "functions."  # the namespace the template declares the client's tools in
-
 
 
 def speaks_harmony(texts: str | dict[str, int]) -> bool:

@@ -138,8 +138,8 @@ class GGUFTokenizer:
         ends = END_OF_GENERATION_TEXTS | TURN_START_TEXTS
         marked = (i for tok, i in controls.items() if tok in ends)
         stops = {*(i for i in (self.eos_id, self.eot_id) if i is not None), *marked}
-        if self.harmony:  # (whether the file marks it an end of text or names it its eot)
-            stops.discard(controls.get(harmony.END_OF_MESSAGE))
+        if self.harmony:  # <|end|> ends one message of several, whether the file marks it an end
+            stops.discard(controls.get(harmony.END))  # of text or names it its eot
         self.stop_ids = frozenset(stops)
         # The most bytes of text one token stands for (a control token: its own text): a text of
         # B bytes is at least B / max_token_bytes tokens, which bounds what a prompt can weigh. A

@@ -16,6 +16,7 @@ import trio
 
 from colibri.io import legacy
 from colibri.io.events import Data, Done, EndOfInput, Error, ErrorCode, ProtocolError, Submit
+from colibri.model.harmony import split_harmony
 from colibri.model.sampling import SamplingParams
 from colibri.sched import telemetry
 from colibri.sched.engine import Engine
@@ -53,6 +54,11 @@ class LegacySession:
         self.engine, self.out, self.work, self.max_tokens = engine, out, work, max_tokens
         self.encode = legacy_encoder()
         self.messages: list[dict[str, str]] = []
+        # The last answer as generated (its ids and text, over the MOREs that continued it): MORE
+        # feeds the ids back as they were; the history holds its text (a harmony reply's answer
+        # alone: the template writes its own headers around it).
+        self.reply_ids: list[int] = []
+        self.reply_text = b""
         self.current: Request | None = None  # the request generating now
         self.next_id = 1
 
@@ -101,14 +107,14 @@ class LegacySession:
                 self.messages.append({"role": "user", "content": line})
                 prompt = text.encode_chat(self.messages)
                 self.messages.append({"role": "assistant", "content": ""})
+                self.reply_ids, self.reply_text = [], b""
                 await self._generate(prompt, self.max_tokens, 0.0, 1.0, 0)
             case legacy.More():
                 if not self.messages or self.messages[-1]["role"] != "assistant":
                     await self.emit(Error(0, ErrorCode.EMPTY_PROMPT))
                     return
-                answer = text.tokenizer.encode(self.messages[-1]["content"], special=False)
-                await self._generate(text.encode_chat(self.messages[:-1]) + answer, self.max_tokens,
-                                     0.0, 1.0, 0)
+                await self._generate(text.encode_chat(self.messages[:-1]) + self.reply_ids,
+                                     self.max_tokens, 0.0, 1.0, 0)
             case legacy.RawPrompt():
                 e = event
                 await self._generate(e.prompt, e.max_tokens, e.temperature, e.top_p, e.slot)
@@ -126,11 +132,14 @@ class LegacySession:
             await self.emit(error)
             return
         text: list[bytes] = []
+        ids: list[int] = []
         ended = trio.Event()
 
         async def capture(event) -> None:
             if isinstance(event, Data):
                 text.append(event.text)
+                if event.token is not None:
+                    ids.append(event.token)
             await self.emit(event)
             if isinstance(event, Done | Error):
                 ended.set()
@@ -139,5 +148,10 @@ class LegacySession:
                                          SamplingParams(temperature=temperature, top_p=top_p))
         await ended.wait()
         self.current = None
-        if self.messages and self.messages[-1]["role"] == "assistant":
-            self.messages[-1]["content"] += b"".join(text).decode("utf-8", errors="replace")
+        # (a PROMPT frame's answer is not the conversation's: a host's own rendering, on any slot)
+        if self.messages and self.messages[-1]["role"] == "assistant" and not isinstance(prompt, str):
+            self.reply_ids += ids
+            self.reply_text += b"".join(text)
+            reply = self.reply_text.decode("utf-8", errors="replace")
+            harmony = self.engine.model.text.tokenizer.harmony
+            self.messages[-1]["content"] = split_harmony(reply)[1] if harmony else reply
