@@ -33,7 +33,9 @@ NODE_STAMP := $(VENV)/.node-installed
 NODE_LOG := $(VENV)/.node-apt.log
 NPM := $(or $(shell command -v npm 2>/dev/null),/usr/bin/npm)
 AIDER_VENV := $(VENV)/aider
-# The releases the tests and docs/api.md's "Coding agents" were checked with; override to try others.
+# The releases the tests and docs/api.md's "Coding agents" were checked with; override to try others
+# (tests/data/tiny_hf/agent learned these releases' requests: record others' and retrain it,
+# tools/make_tiny_agent.py, if test_clients_agents_trained.py fails on them).
 NPM_AGENTS ?= @openai/codex@0.171.0 opencode-ai@1.18.33 @continuedev/cli@1.5.47
 AIDER_PACKAGE ?= aider-chat==0.86.2
 # llama.cpp as the benchmark peer: the default native build crashes in its AMX path on these
