@@ -43,7 +43,8 @@ from typing import Any
 import torch
 import transformers
 from make_tiny_moe import versions
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tiny_training import byte_level_bpe, top1_margin
+from tokenizers import Tokenizer
 
 from colibri.api import responses_api
 from colibri.api.openai_requests import Generation, parse_chat
@@ -176,13 +177,7 @@ def conversations(requests: dict[str, Any], rng: random.Random) -> list[tuple[st
 
 
 def train_tokenizer(texts: list[str]) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer)
-    return tok
+    return byte_level_bpe(texts, VOCAB, SPECIALS)
 
 
 def build_model(n_vocab: int, ids: dict[str, int]) -> torch.nn.Module:
@@ -235,17 +230,6 @@ def train(model: torch.nn.Module, tok: Tokenizer, requests: dict[str, Any], pad:
     model.eval()
 
 
-def margin(model: torch.nn.Module, prompt: list[int], reply: list[int]) -> float:
-    """The smallest top-1 margin over the reply, on the whole prompt; the greedy reply must be the
-    learned one."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + reply])).logits[0, len(prompt) - 1 : -1]
-    top2 = logits.topk(2, dim=-1)
-    if top2.indices[:, 0].tolist() != reply:
-        raise SystemExit("make_tiny_agent: the model did not learn its replies; raise STEPS")
-    return float((top2.values[:, 0] - top2.values[:, 1]).min())
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=OUT_DIR)
@@ -261,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     train(model, tok, requests, ids["<|endoftext|>"])
     checked = conversations(requests, random.Random(SEED + 2))  # draws the training never saw
     pairs = encode(tok, checked)
-    least = min(margin(model, prompt, reply) for prompt, reply in pairs)
+    least = min(top1_margin(model, prompt, reply, "make_tiny_agent") for prompt, reply in pairs)
     if least < MIN_MARGIN:
         raise SystemExit(f"make_tiny_agent: top-1 margin {least:.3f} < {MIN_MARGIN}; raise STEPS")
     model.save_pretrained(out)

@@ -33,7 +33,8 @@ import torch
 import transformers
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from make_tiny_moe import versions
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tiny_training import byte_level_bpe, top1_margin
+from tokenizers import Tokenizer
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "tiny_hf"
 NAME = "gpt_oss_harmony"
@@ -98,14 +99,7 @@ def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -
 
 
 def train_tokenizer() -> Tokenizer:
-    texts = [render(m, t) + reply for _, m, t, reply in CONVERSATIONS]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts * 4, trainer)
-    return tok
+    return byte_level_bpe([render(m, t) + reply for _, m, t, reply in CONVERSATIONS] * 4, VOCAB, SPECIALS)
 
 
 def build_model(n_vocab: int, ids: dict[str, int]) -> torch.nn.Module:
@@ -142,16 +136,6 @@ def reply_loss(model: torch.nn.Module, prompt: list[int], reply: list[int]) -> t
     return torch.nn.functional.cross_entropy(logits, torch.tensor(reply))
 
 
-def check(model: torch.nn.Module, prompt: list[int], reply: list[int]) -> float:
-    """The smallest top-1 margin over the reply; the greedy reply must be the learned one."""
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + reply])).logits[0, len(prompt) - 1 : -1]
-    top2 = logits.topk(2, dim=-1)
-    if top2.indices[:, 0].tolist() != reply:
-        raise SystemExit("make_tiny_harmony: the model did not learn its replies; raise STEPS")
-    return float((top2.values[:, 0] - top2.values[:, 1]).min())
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=OUT_DIR)
@@ -163,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     batch = [(tok.encode(render(m, t)).ids, tok.encode(reply).ids) for _, m, t, reply in CONVERSATIONS]
     model = build_model(tok.get_vocab_size(), ids)
     train(model, batch)
-    margin = min(check(model, p_ids, r_ids) for p_ids, r_ids in batch)
+    margin = min(top1_margin(model, p_ids, r_ids, "make_tiny_harmony") for p_ids, r_ids in batch)
     if margin < MIN_MARGIN:
         raise SystemExit(f"make_tiny_harmony: top-1 margin {margin:.3f} < {MIN_MARGIN}; raise STEPS")
     if out.exists():
