@@ -76,33 +76,16 @@ def _input() -> str:
 
 
 class Reply:
-    """A reply's text as shown: a harmony reply (it opens with a header) through ``HarmonySplit``,
-    its analysis dim on a terminal (``dim``) and left out otherwise; any other reply as it comes.
-    One for a user line and the ``/more`` that continue it."""
-
-    HEADERS = (CHANNEL, START)
+    """A reply's text as shown: through ``HarmonySplit`` (a reply that opens with a harmony header
+    is split, any other shown as it comes), the analysis dim on a terminal (``dim``) and left out
+    otherwise. One for a user line and the ``/more`` that continue it."""
 
     def __init__(self, dim: bool) -> None:
         self.dim = dim
-        self.split: HarmonySplit | None = None
-        self.plain = False
-        self.held = ""  # the reply's start, until it shows whether it opens with a header
+        self.split = HarmonySplit(openers=(START, CHANNEL))
         self.reasoning = False  # the last text shown was reasoning
 
     def feed(self, text: str, final: bool = False) -> None:
-        if not (self.plain or self.split):
-            self.held += text
-            head = self.held.lstrip()
-            if not final and (not head or any(h.startswith(head) and h != head for h in self.HEADERS)):
-                return
-            if head.startswith(self.HEADERS):
-                self.split = HarmonySplit()
-            else:
-                self.plain = True
-            text, self.held = self.held, ""
-        if self.split is None:
-            self._write("", text)
-            return
         self._write(*self.split.feed(text))
         if final:
             self._write(*self.split.flush())

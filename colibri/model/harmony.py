@@ -59,10 +59,17 @@ def _partial_marker(text: str) -> int:
     return len(tail) if any(m.startswith(tail) and m != tail for m in MARKUP) else 0
 
 
-class HarmonySplit:
-    """Streamed reply text in, (reasoning, answer) pieces out; ``flush`` at the end."""
+# What a harmony reply may open with: a header, or (the role written by the prompt) a recipient.
+OPENERS = (START, CHANNEL, "to=")
 
-    def __init__(self) -> None:
+
+class HarmonySplit:
+    """Streamed reply text in, (reasoning, answer) pieces out; ``flush`` at the end. ``openers``:
+    what makes a reply a harmony one (any other is all answer); ``coli chat``, which runs every
+    model's replies through it and offers no tools, takes the headers alone."""
+
+    def __init__(self, openers: tuple[str, ...] = OPENERS) -> None:
+        self.openers = openers
         self.state = _START
         self.opened = False  # the reply had an analysis message
         self.reasoning_tokens = 0
@@ -94,10 +101,10 @@ class HarmonySplit:
         buf = self._buf
         if self.state == _START:
             head = buf.lstrip()
-            if head.startswith((START, CHANNEL, "to=")):
+            if head.startswith(self.openers):
                 self.state = _HEADER
                 return "", "", True
-            if not final and head and any(m.startswith(head) for m in (START, CHANNEL, "to=")) or not head:
+            if not final and head and any(m.startswith(head) for m in self.openers) or not head:
                 return "", "", False
             self.state = _PLAIN
             return "", "", True
