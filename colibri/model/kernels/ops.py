@@ -7,6 +7,8 @@ Compiled with the kernels' options and fast-math policy (``colibri.store.numeric
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba as nb
 import numpy as np
 
@@ -28,17 +30,23 @@ _EXP_LO, _EXP_HI = np.float32(-87.0), np.float32(88.0)
 def exp_into(x: np.ndarray, out: np.ndarray) -> None:
     """``out = exp(x)`` for 1-D float32 arrays; ``out`` must not overlap ``x`` (the loop's overlap
     check would then take its scalar path)."""
+    exp_with(x, out, np.empty(x.shape[0], np.int32))
+
+
+@nb.njit(**KERNEL)
+def exp_with(x: np.ndarray, out: np.ndarray, bits: np.ndarray) -> None:
+    """``exp_into`` with its scratch given (int32, as long as ``x``): a row-by-row caller allocates
+    it once, not once a row."""
     n = x.shape[0]
     p0, p1, p2, p3, p4, p5 = _EXP_POLY
-    bits = np.empty(n, np.int32)  # 2^k as float32 bits: the exponent field alone
-    for i in range(n):
+    for i in range(n):  # bits: 2^k as float32 bits, the exponent field alone
         v = min(_EXP_HI, max(_EXP_LO, x[i]))
         k = np.floor(v * _LOG2E + np.float32(0.5))
         r = v - k * _LN2_HI - k * _LN2_LO
         poly = ((((p0 * r + p1) * r + p2) * r + p3) * r + p4) * r + p5
         out[i] = poly * r * r + r + np.float32(1.0)
         bits[i] = (np.int32(k) + np.int32(127)) << np.int32(23)
-    scale = bits.view(np.float32)
+    scale = bits[:n].view(np.float32)
     for i in range(n):
         out[i] *= scale[i]
 
@@ -92,22 +100,45 @@ def rope(
     ``x`` is (T, n_heads * head_dim); row t sits at ``positions[t]``. ``rope_dim`` is
     ``2 * len(inv_freq)``; dimensions beyond it are left as they are (partial rotary). The
     rotated pairs are also scaled by ``mscale`` (Phi's long RoPE's attention factor, as ggml's
-    rope applies it: to the rotated dimensions only).
+    rope applies it: to the rotated dimensions only). ``rope_angles`` then ``rotate``: a caller
+    rotating q and k at the same positions takes the angles once.
     """
-    half = inv_freq.shape[0]
+    cos, sin = rope_angles(positions, inv_freq, mscale)
+    rotate(x, cos, sin, n_heads, head_dim, neox)
+
+
+@nb.njit(**KERNEL)
+def rope_angles(
+    positions: np.ndarray, inv_freq: np.ndarray, mscale: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``mscale`` cos and sin of each row's angles, (T, len(inv_freq)) float32 each: computed in
+    float64 from the position, as ggml does, then rounded."""
+    cos = np.empty((positions.shape[0], inv_freq.shape[0]), np.float32)
+    sin = np.empty_like(cos)
+    for t in range(positions.shape[0]):
+        p = np.float64(positions[t])
+        for i in range(inv_freq.shape[0]):
+            angle = p * inv_freq[i]
+            cos[t, i] = np.float32(np.cos(angle) * mscale)
+            sin[t, i] = np.float32(np.sin(angle) * mscale)
+    return cos, sin
+
+
+@nb.njit(**KERNEL)
+def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, n_heads: int, head_dim: int, neox: bool) -> None:
+    """``rope``'s rotation by angles from ``rope_angles``, head by head along the pairs (the loop
+    runs over contiguous values where it ran across heads: 2.7x faster on a prompt's q and k)."""
+    half = cos.shape[1]
     stride, other = (1, half) if neox else (2, 1)  # pair i is (stride*i, stride*i + other)
     for t in range(x.shape[0]):
-        p = np.float64(positions[t])
-        for i in range(half):
-            angle = p * inv_freq[i]
-            c = np.float32(np.cos(angle) * mscale)
-            s = np.float32(np.sin(angle) * mscale)
-            for h in range(n_heads):
-                j = h * head_dim + stride * i
-                a = x[t, j]
-                b = x[t, j + other]
-                x[t, j] = a * c - b * s
-                x[t, j + other] = a * s + b * c
+        c, s = cos[t], sin[t]
+        for h in range(n_heads):
+            row = x[t, h * head_dim : (h + 1) * head_dim]
+            for i in range(half):
+                a = row[stride * i]
+                b = row[stride * i + other]
+                row[stride * i] = a * c[i] - b * s[i]
+                row[stride * i + other] = a * s[i] + b * c[i]
 
 
 # Running maxima kept apart: a maximum is exact in any order, and one running maximum is a chain of
@@ -148,14 +179,31 @@ def exp_from_peak(x: np.ndarray, out: np.ndarray) -> np.float32:
 @nb.njit(**KERNEL)
 def swiglu(gate: np.ndarray, up: np.ndarray) -> None:
     """``gate = silu(gate) * up`` in place: ``g / (1 + exp(-g)) * u``."""
-    t_rows, k = gate.shape
-    neg, e = np.empty(k, np.float32), np.empty(k, np.float32)
-    for t in range(t_rows):
-        for i in range(k):
-            neg[i] = -gate[t, i]
-        exp_into(neg, e)
-        for i in range(k):
-            gate[t, i] = gate[t, i] / (np.float32(1.0) + e[i]) * up[t, i]
+    k = gate.shape[1]
+    scratch = SwiGLUScratch(np.empty(k, np.float32), np.empty(k, np.float32), np.empty(k, np.int32))
+    for t in range(gate.shape[0]):
+        swiglu_row(gate[t], up[t], scratch)
+
+
+class SwiGLUScratch(NamedTuple):
+    """``swiglu_row``'s scratch rows, allocated once for many rows (an allocation a row took a
+    quarter of the experts' SwiGLU of a prompt, ``moe._swiglu_quantized``)."""
+
+    neg: np.ndarray  # float32
+    e: np.ndarray  # float32
+    bits: np.ndarray  # int32
+
+
+@nb.njit(**KERNEL)
+def swiglu_row(gate: np.ndarray, up: np.ndarray, s: SwiGLUScratch) -> None:
+    """``swiglu`` of one row (1-D), with scratch at least as long."""
+    k = gate.shape[0]
+    neg, e = s.neg[:k], s.e[:k]
+    for i in range(k):
+        neg[i] = -gate[i]
+    exp_with(neg, e, s.bits)
+    for i in range(k):
+        gate[i] = gate[i] / (np.float32(1.0) + e[i]) * up[i]
 
 
 # GELU's tanh form (Gemma's ``gelu_pytorch_tanh``, ggml's ``gelu``): 0.5 g (1 + tanh(√(2/π) (g + c g³))).
@@ -168,12 +216,12 @@ def geglu(gate: np.ndarray, up: np.ndarray) -> None:
     """``gate = gelu_tanh(gate) * up`` in place (GeGLU). tanh(|z|) = (1 - e) / (1 + e) with
     ``e = exp(-2|z|)``: one vectorized exponential a value, as ``swiglu`` takes."""
     t_rows, k = gate.shape
-    neg, e = np.empty(k, np.float32), np.empty(k, np.float32)
+    neg, e, bits = np.empty(k, np.float32), np.empty(k, np.float32), np.empty(k, np.int32)
     for t in range(t_rows):
         for i in range(k):
             g = gate[t, i]
             neg[i] = np.float32(-2.0) * abs(_GELU_K * (g + _GELU_C * g * g * g))
-        exp_into(neg, e)
+        exp_with(neg, e, bits)
         for i in range(k):
             g = gate[t, i]
             th = (np.float32(1.0) - e[i]) / (np.float32(1.0) + e[i])
@@ -196,12 +244,12 @@ def swiglu_clamped(gate: np.ndarray, up: np.ndarray, alpha: float, limit: float)
     ``gate = g * sigmoid(alpha g) * (u + 1)`` (llama.cpp's ``swiglu_oai``)."""
     t_rows, k = gate.shape
     a, lim = np.float32(alpha), np.float32(limit)
-    neg, e = np.empty(k, np.float32), np.empty(k, np.float32)
+    neg, e, bits = np.empty(k, np.float32), np.empty(k, np.float32), np.empty(k, np.int32)
     for t in range(t_rows):
         for i in range(k):
             gate[t, i] = min(gate[t, i], lim)
             neg[i] = -a * gate[t, i]
-        exp_into(neg, e)
+        exp_with(neg, e, bits)
         for i in range(k):
             u = min(max(up[t, i], -lim), lim)
             gate[t, i] = gate[t, i] / (np.float32(1.0) + e[i]) * (u + np.float32(1.0))

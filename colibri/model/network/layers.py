@@ -17,7 +17,16 @@ import numpy as np
 
 from colibri.model.hparams import HParams
 from colibri.model.kernels.attention import attend, store_kv
-from colibri.model.kernels.ops import add_bias, add_into, geglu, rmsnorm, rmsnorm_heads, rope, swiglu
+from colibri.model.kernels.ops import (
+    add_bias,
+    add_into,
+    geglu,
+    rmsnorm,
+    rmsnorm_heads,
+    rope_angles,
+    rotate,
+    swiglu,
+)
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.model.network.weights import (
     load_stack_or_apart,
@@ -125,8 +134,9 @@ def attention(
         rmsnorm_heads(q, a.q_norm, q_dim // a.q_norm.shape[0], a.q_norm.shape[0], sh.eps)
     if a.k_norm.shape[0] > 0:
         rmsnorm_heads(k, a.k_norm, kv_dim // a.k_norm.shape[0], a.k_norm.shape[0], sh.eps)
-    rope(q, positions, sh.n_heads, sh.head_dim, inv_freq, sh.neox, sh.mscale)
-    rope(k, positions, sh.n_kv, sh.head_dim, inv_freq, sh.neox, sh.mscale)
+    cos, sin = rope_angles(positions, inv_freq, sh.mscale)
+    rotate(q, cos, sin, sh.n_heads, sh.head_dim, sh.neox)
+    rotate(k, cos, sin, sh.n_kv, sh.head_dim, sh.neox)
     store_kv(k, v, k_cache, v_cache, layer, slots, positions, sh.n_kv, sh.head_dim)
     attn = np.empty((t_rows, q_dim), np.float32)
     attend(q, k_cache, v_cache, layer, slots, positions, sh.n_heads, sh.n_kv, attn, sh.scale, sh.window,

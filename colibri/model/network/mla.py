@@ -28,7 +28,7 @@ import numpy as np
 
 from colibri.model.hparams import HParams
 from colibri.model.kernels.attention import attend, store_kv
-from colibri.model.kernels.ops import add_into, rmsnorm, rope
+from colibri.model.kernels.ops import add_into, rmsnorm, rope_angles, rotate
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.model.network.layers import FFN, FFNNorms, LayerShape, swiglu_ffn
 from colibri.model.network.weights import LIFETIME, load_matrix, load_vector, load_weight, optional_vector
@@ -137,7 +137,8 @@ def latent_attention(
     latent = np.ascontiguousarray(kv[:, :kv_lora])
     rmsnorm(latent, a.kv_a_norm, sh.eps, latent)
     pe = np.ascontiguousarray(kv[:, kv_lora:])
-    rope(pe, positions, 1, n_rope, inv_freq, False, sh.mscale)
+    cos, sin = rope_angles(positions, inv_freq, sh.mscale)  # the key's and the queries'
+    rotate(pe, cos, sin, 1, n_rope, False)
     kv[:, :kv_lora], kv[:, kv_lora:] = latent, pe
     store_kv(kv, kv, k_cache, v_cache, layer, slots, positions, 1, width)
     q_lat = np.empty((t_rows, n_heads * width), np.float32)  # queries in the latent's space
@@ -147,7 +148,7 @@ def latent_attention(
         qmatmul(np.ascontiguousarray(q[:, i * k_dim : i * k_dim + nope]), a.k_b[i], part, n_direct)
         q_lat[:, i * width : i * width + kv_lora] = part
         q_pe[:, i * n_rope : (i + 1) * n_rope] = q[:, i * k_dim + nope : (i + 1) * k_dim]
-    rope(q_pe, positions, n_heads, n_rope, inv_freq, False, sh.mscale)
+    rotate(q_pe, cos, sin, n_heads, n_rope, False)
     for i in range(n_heads):
         q_lat[:, i * width + kv_lora : (i + 1) * width] = q_pe[:, i * n_rope : (i + 1) * n_rope]
     o_lat = np.empty((t_rows, n_heads * kv_lora), np.float32)
