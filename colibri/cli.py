@@ -46,7 +46,8 @@ def _sequence(model, args: argparse.Namespace):
     from colibri.model.generate import SingleSequence
 
     n_ctx = min(settings.resolve(args, settings.CTX), model.hp.context_length)
-    return SingleSequence(model, n_ctx, settings.resolve(args, settings.PREFILL_CHUNK))
+    chunk = settings.prefill_chunk(settings.resolve(args, settings.PREFILL_CHUNK), model.streams_experts)
+    return SingleSequence(model, n_ctx, chunk)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -157,7 +158,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
     ctx = settings.resolve(args, settings.CTX, host=True)
     chunk = settings.resolve(args, settings.PREFILL_CHUNK)
     max_tokens = settings.resolve(args, settings.MAX_TOKENS, host=True)
-    if ctx < 1 or chunk < 1:
+    if ctx < 1 or (chunk is not None and chunk < 1):
         raise ColibriError("--ctx and --prefill-chunk must be positive")
     if max_tokens < 1:
         raise ConfigError(f"--max-tokens/{settings.MAX_TOKENS.env}/NGEN must be positive, got {max_tokens}")

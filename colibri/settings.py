@@ -53,9 +53,27 @@ DEFAULT_CTX_CAP = 32768
 CTX = Setting("ctx", "--ctx", "COLI_CTX", DEFAULT_CTX_CAP, int,
               f"context length in tokens per KV slot (default: the model's own, at most "
               f"{DEFAULT_CTX_CAP}; always capped at the model's own)", host_env="CTX")
-PREFILL_CHUNK = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK", 128, int,
-                        "prompt tokens per forward step: smaller keeps other streams flowing during a "
-                        "prefill and bounds a step's scratch memory")
+# Where a MoE model's experts stream from the file (the RAM budget holds fewer than all of them), a
+# step reads each expert it routes to once, whatever its rows, and 128 prompt tokens at top-8
+# already route to nearly every expert of a 64-expert layer: a 512-token step (llama.cpp's default
+# micro-batch) reads the file a quarter as often. The qwen3moe bench file under a 1.0 GB cap
+# (bench_moe_peer.py, --ram-budget 0.3): a 512-token prefill at 75 tok/s in 128-token steps,
+# 160-170 in one 512-token step; each step then takes about as long as a 128-token one did, so the
+# other streams wait no longer (docs/performance.md).
+DEFAULT_PREFILL_CHUNK = 128
+STREAMED_PREFILL_CHUNK = 512
+PREFILL_CHUNK = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK", None, int,
+                        f"prompt tokens per forward step (default {DEFAULT_PREFILL_CHUNK}, or "
+                        f"{STREAMED_PREFILL_CHUNK} where a MoE model's experts do not all fit the RAM "
+                        "budget): smaller keeps other streams flowing during a prefill and bounds a "
+                        "step's scratch memory")
+
+
+def prefill_chunk(given: int | None, streams_experts: bool) -> int:
+    """--prefill-chunk if given, else the default for a model whose experts stream or not."""
+    if given is not None:
+        return given
+    return STREAMED_PREFILL_CHUNK if streams_experts else DEFAULT_PREFILL_CHUNK
 
 
 # Halves, llama.cpp's default cache type: half float32's memory, and decode attention at long

@@ -54,6 +54,7 @@ class EngineModel(Protocol):
     hp: HParams
     fingerprint: bytes  # of the file: persisted state from another model is refused
     experts: ExpertTelemetry | None  # None: a dense model (no expert store to report)
+    streams_experts: bool  # some experts are read from the file at each use (the budget is short)
 
     @property
     def tokenizer(self) -> GGUFTokenizer: ...

@@ -46,6 +46,7 @@ class Model:
         self.fingerprint = self.gguf.fingerprint()
         store = self.decoder.experts
         self.experts: ExpertTelemetry | None = store if store.layers else None
+        self.streams_experts = store.streams  # some experts read from the file at each use
 
     @property
     def tokenizer(self) -> GGUFTokenizer:

@@ -28,6 +28,7 @@ from colibri.sched.compute import ComputeThread
 from colibri.sched.engine import Engine
 from colibri.sched.session import Session
 from colibri.sched.speculation import Speculation, resolve
+from colibri.settings import prefill_chunk
 from colibri.state_files import check_state_dir
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class EngineConfig:
     n_slots: int
     n_ctx: int
     state_dir: Path | None
-    prefill_chunk: int
+    prefill_chunk: int | None  # None: the default for the model (``settings.prefill_chunk``)
     protocol: str  # "mux" | "legacy" | "channel"
     topk: bool
     perf: bool = False  # SERVE_PERF=1: the spec's PERF, ENTROPY and GPUS lines before each DONE
@@ -94,7 +95,8 @@ async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int, compute: Comp
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     out_send, out_recv = trio.open_memory_channel[bytes](OUTPUT_BUFFER)
-    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, cfg.prefill_chunk, compute,
+    chunk = prefill_chunk(cfg.prefill_chunk, model.streams_experts)
+    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, chunk, compute,
                     topk=cfg.topk, perf=cfg.perf,
                     speculation=speculation)
     await engine.run_model(engine.restore)

@@ -318,7 +318,7 @@ class ExpertStore:
         self._pinned_bytes = 0
         if not self.layers:
             return 0
-        everything = self.budget is None or self.all_nbytes() <= self.budget
+        everything = not self.streams
         room = None if everything else int(self.budget * PIN_SHARE)
         # Every expert resident for good: in huge pages, as the dense weights (``arena.py``; the
         # synthetic MoE's resident step 12.28 -> 11.38 ms, 13 of 14 pairs). Not when the budget is
@@ -350,6 +350,12 @@ class ExpertStore:
             self._pinned_bytes += size
         self._trim_recent()
         return len(self._pinned)
+
+    @property
+    def streams(self) -> bool:
+        """Whether some experts are read from the file at each use: the budget holds fewer than all
+        of them."""
+        return bool(self.layers) and self.budget is not None and self.all_nbytes() > self.budget
 
     def _stackable(self, layer: int) -> bool:
         """Whether ``layer``'s experts can be stacked (``packed.slot``): packed Q4, Q5, Q6 or Q8 in whole
