@@ -22,6 +22,7 @@ from colibri.model.loader import Model
 from colibri.model.sampling import Sampler, SamplingParams
 from colibri.settings import DEFAULT_PREFILL_CHUNK, STREAMED_PREFILL_CHUNK, prefill_chunk
 from colibri.store.experts import HEAT_BUCKET_MAX, PIN_SHARE, TIER_DISK, TIER_RAM, ExpertStore
+from colibri.store.readahead import Mode, ReadAheadPolicy
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("make_synthetic_moe", ROOT / "tools" / "make_synthetic_moe.py")
@@ -190,6 +191,36 @@ def test_prefetch_skips_resident_and_reads_ahead(moe_path: Path):
     greedy(model)
     store.prefetch(store.layers[-1], np.arange(N_EXPERTS))
     assert store.counters().misses == store.tier_counts()[0]
+
+
+def test_a_step_asks_for_all_its_misses_at_once_whatever_the_read_ahead_policy(moe_path: Path, monkeypatch):
+    """``queue_reads``: the pages of every expert a step misses are asked of the kernel before the
+    first is read (the disk then reads them together), even where the measured policy has turned
+    guessing ahead off; never a resident expert's, never for the mmap baseline. The advice itself
+    is recorded here (the syscall's effect is the benchmark's to show)."""
+    model = open_with_budget(moe_path, 0)
+    store = model.decoder.experts
+    asked: list[tuple[int, int]] = []
+    monkeypatch.setattr(store.gguf, "advise_willneed", lambda start, length: asked.append((start, length)))
+    store.readahead = ReadAheadPolicy(Mode.OFF)
+    layer = store.layers[0]
+    spans = {e: [store._slice_span(name, e) for name in store._tensors[layer]] for e in range(N_EXPERTS)}
+    store.prefetch(layer, np.array([1, 2]))  # a guess: the policy says no
+    assert asked == []
+    store.queue_reads(layer, np.array([1, 2]))
+    assert asked == spans[1] + spans[2]
+    asked.clear()
+    greedy(model)  # every MoE layer of every step asks for what it routes to, before reading it
+    assert len(asked) == 3 * store.counters().misses
+    store.mapped_reads = True
+    asked.clear()
+    store.queue_reads(layer, np.array([1, 2]))
+    assert asked == []
+    fits = open_with_budget(moe_path, None).decoder.experts
+    fits.pin_hottest(None)
+    monkeypatch.setattr(fits.gguf, "advise_willneed", lambda start, length: asked.append((start, length)))
+    fits.queue_reads(layer, np.arange(N_EXPERTS))
+    assert asked == []
 
 
 @pytest.mark.parametrize("n_used", [0, N_EXPERTS + 1])

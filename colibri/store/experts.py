@@ -294,8 +294,19 @@ class ExpertStore:
     def prefetch(self, layer: int, expert_ids: np.ndarray) -> None:
         """Experts ``layer`` is expected to route to soon: ask the kernel to start reading the file
         pages of those not resident, so the read overlaps the compute in between."""
-        if not self.readahead.enabled:
-            return
+        if self.readahead.enabled:
+            self._advise(layer, expert_ids)
+
+    def queue_reads(self, layer: int, expert_ids: np.ndarray) -> None:
+        """The experts a step routes to in ``layer``, before it reads them one by one: the kernel is
+        asked for every missed one's pages at once, so the disk reads them together rather than
+        each after the last (this VM's disk: 1.1 GB/s to one reader, 1.75 to four). No guess, unlike
+        ``prefetch``: every page asked for is read next, so the read-ahead policy is not asked. Not
+        for mapped reads, the plain mmap engine's baseline."""
+        if not self.mapped_reads:
+            self._advise(layer, expert_ids)
+
+    def _advise(self, layer: int, expert_ids: np.ndarray) -> None:
         for e in expert_ids.tolist():
             key = (layer, e)
             if key in self._pinned or key in self._recent:

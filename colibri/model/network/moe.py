@@ -383,6 +383,7 @@ class MoEFFN:
         ids, weights = self.select(h)
         experts, starts, rows, pair = by_expert(ids, self.router.shape[0])
         self.store.note_routing(self.layer, experts)
+        self.store.queue_reads(self.layer, experts)  # this step's misses asked of the disk together
         self.store.prefetch_next(self.layer, h)  # the next MoE layer's likely experts, read ahead
         y = np.empty((t_rows * k, h.shape[1]), np.float32)
         for i, e in enumerate(experts.tolist()):
