@@ -298,22 +298,17 @@ class ExpertStore:
             self._advise(layer, expert_ids)
 
     def queue_reads(self, layer: int, expert_ids: np.ndarray) -> None:
-        """The experts a step routes to in ``layer``, before it reads them one by one: the kernel is
-        asked for every missed one's pages at once, so the disk reads them together rather than
-        each after the last (this VM's disk: 1.1 GB/s to one reader, 1.75 to four). No guess, unlike
-        ``prefetch``: every page asked for is read next, so the read-ahead policy is not asked. Not
-        for mapped reads, the plain mmap engine's baseline."""
+        """A step's experts in ``layer``, before it reads them one by one: every miss's pages asked
+        of the kernel at once, so the disk reads them together (docs/store.md). No guess, so not the
+        read-ahead policy's to decide; not for mapped reads (the plain mmap engine's baseline)."""
         if not self.mapped_reads:
             self._advise(layer, expert_ids)
 
     def _advise(self, layer: int, expert_ids: np.ndarray) -> None:
         for e in expert_ids.tolist():
-            key = (layer, e)
-            if key in self._pinned or key in self._recent:
-                continue
-            for name in self._tensors[layer]:
-                start, length = self._slice_span(name, e)
-                self.gguf.advise_willneed(start, length)
+            if self.tier(layer, e) == TIER_DISK:
+                for name in self._tensors[layer]:
+                    self.gguf.advise_willneed(*self._slice_span(name, e))
 
     # -- tiers -------------------------------------------------------------------------------------
 
@@ -364,8 +359,7 @@ class ExpertStore:
 
     @property
     def streams(self) -> bool:
-        """Whether some experts are read from the file at each use: the budget holds fewer than all
-        of them."""
+        """Whether some experts are read from the file at each use (the budget holds fewer)."""
         return bool(self.layers) and self.budget is not None and self.all_nbytes() > self.budget
 
     def _stackable(self, layer: int) -> bool:
@@ -394,8 +388,7 @@ class ExpertStore:
         return sum(self._nbytes[layer] for layer in self.layers) * self.n_experts
 
     def tier(self, layer: int, expert: int) -> int:
-        key = (layer, expert)
-        return TIER_RAM if key in self._pinned or key in self._recent else TIER_DISK
+        return TIER_RAM if (layer, expert) in self._pinned or (layer, expert) in self._recent else TIER_DISK
 
     def tier_counts(self) -> tuple[int, int, int]:
         """(ram experts, disk experts, resident bytes)."""
@@ -409,10 +402,8 @@ class ExpertStore:
 
     def expert_map(self) -> bytes:
         """EMAP's bytes: row-major over (MoE layer, expert), ``(tier << 6) | heat bucket``."""
-        buckets = np.minimum(
-            np.floor(np.log2(1.0 + self.heat.astype(np.float64)) * HEAT_BUCKETS_PER_OCTAVE),
-            HEAT_BUCKET_MAX,
-        ).astype(np.uint8)
+        buckets = np.minimum(np.floor(np.log2(1.0 + self.heat.astype(np.float64)) * HEAT_BUCKETS_PER_OCTAVE),
+                             HEAT_BUCKET_MAX).astype(np.uint8)
         tiers = np.zeros_like(buckets)
         for layer, e in (*self._pinned, *self._recent):
             tiers[self._row_of[layer], e] = TIER_RAM
@@ -500,8 +491,7 @@ class ExpertStore:
         return self._buffer[:nbytes]
 
     def _slice_bytes(self, name: str) -> int:
-        info = self.gguf.tensors[name]
-        return info.nbytes // self.n_experts
+        return self.gguf.tensors[name].nbytes // self.n_experts
 
     def _slice_span(self, name: str, expert: int) -> tuple[int, int]:
         """(file offset, length) of one expert's rows of a 3-D tensor."""
