@@ -179,8 +179,7 @@ def exp_from_peak(x: np.ndarray, out: np.ndarray) -> np.float32:
 @nb.njit(**KERNEL)
 def swiglu(gate: np.ndarray, up: np.ndarray) -> None:
     """``gate = silu(gate) * up`` in place: ``g / (1 + exp(-g)) * u``."""
-    k = gate.shape[1]
-    scratch = SwiGLUScratch(np.empty(k, np.float32), np.empty(k, np.float32), np.empty(k, np.int32))
+    scratch = swiglu_scratch(gate.shape[1])
     for t in range(gate.shape[0]):
         swiglu_row(gate[t], up[t], scratch)
 
@@ -192,6 +191,12 @@ class SwiGLUScratch(NamedTuple):
     neg: np.ndarray  # float32
     e: np.ndarray  # float32
     bits: np.ndarray  # int32
+
+
+@nb.njit(**KERNEL)
+def swiglu_scratch(n: int) -> SwiGLUScratch:
+    """Scratch for rows of up to ``n`` values."""
+    return SwiGLUScratch(np.empty(n, np.float32), np.empty(n, np.float32), np.empty(n, np.int32))
 
 
 @nb.njit(**KERNEL)

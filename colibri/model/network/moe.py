@@ -28,7 +28,14 @@ from colibri.model.kernels.int8_matmul import (
     quantize_row,
     quantize_rows,
 )
-from colibri.model.kernels.ops import SwiGLUScratch, add_bias, add_into, swiglu, swiglu_clamped, swiglu_row
+from colibri.model.kernels.ops import (
+    SwiGLUScratch,
+    add_bias,
+    add_into,
+    swiglu_clamped,
+    swiglu_row,
+    swiglu_scratch,
+)
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.model.network.layers import FFN, load_ffn, swiglu_ffn
 from colibri.model.network.routing import Routing, check_routing, route_rows
@@ -172,24 +179,23 @@ def _swiglu_quantized(gu: np.ndarray, n_ff: int, per: int, ex: ExpertExtras) -> 
 
 
 @nb.njit(**_JIT)
-def _activate(gate: np.ndarray, up: np.ndarray, ex: ExpertExtras) -> None:
-    """``gate = swiglu(gate, up)``, clamped as gpt-oss's where ``ex.limit`` is set."""
+def _activate(gate: np.ndarray, up: np.ndarray, ex: ExpertExtras, scratch: SwiGLUScratch) -> None:
+    """``gate = swiglu(gate, up)`` for rows as wide as ``scratch``, clamped as gpt-oss's where
+    ``ex.limit`` is set."""
     if ex.limit > 0.0:
         swiglu_clamped(gate, up, ex.alpha, ex.limit)
     else:
-        swiglu(gate, up)
+        for t in range(gate.shape[0]):
+            swiglu_row(gate[t], up[t], scratch)
 
 
 @nb.njit(**_JIT)
 def _swiglu_quantized_rows(gu: np.ndarray, start: int, stop: int, n_ff: int, per: int, xq: np.ndarray,
                            dx: np.ndarray, sx: np.ndarray, ex: ExpertExtras) -> None:
-    scratch = SwiGLUScratch(np.empty(n_ff, np.float32), np.empty(n_ff, np.float32), np.empty(n_ff, np.int32))
+    scratch = swiglu_scratch(n_ff)
     for t in range(start, stop):
-        if ex.limit > 0.0:
-            row = gu[t : t + 1]
-            swiglu_clamped(row[:, :n_ff], row[:, n_ff:], ex.alpha, ex.limit)
-        else:
-            swiglu_row(gu[t, :n_ff], gu[t, n_ff:], scratch)
+        row = gu[t : t + 1]
+        _activate(row[:, :n_ff], row[:, n_ff:], ex, scratch)
         quantize_row(gu[t, :n_ff], per, xq[t], dx[t], sx[t])
 
 
@@ -232,7 +238,7 @@ def _float_expert(x: np.ndarray, f: FFN, n_direct: int, out: np.ndarray, e: int,
     if ex.gate_up_bias.shape[0] > 0:
         add_bias(gu, ex.gate_up_bias[e])
     gate = np.ascontiguousarray(gu[:, :n_ff])
-    _activate(gate, gu[:, n_ff:], ex)
+    _activate(gate, gu[:, n_ff:], ex, swiglu_scratch(n_ff))
     qmatmul(gate, f.down, out, n_direct)
     if ex.down_bias.shape[0] > 0:
         add_bias(out, ex.down_bias[e])
