@@ -179,7 +179,7 @@ def load_ffn(gguf: GGUFFile, prefix: str, suffix: str = "") -> FFN:
 
 @nb.njit(nogil=True, cache=True)
 def swiglu_ffn(h: np.ndarray, gate_up: Weight, down: Weight, n_direct: int, out: np.ndarray,
-               gelu: bool = False) -> None:
+               gelu: bool) -> None:
     """``out = down(silu(gate · h) * (up · h))`` for every row of ``h``; ``gelu``: tanh GELU in
     place of silu (GeGLU)."""
     n_ff = gate_up.n_rows // 2

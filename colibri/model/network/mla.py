@@ -138,9 +138,9 @@ def latent_attention(
     rmsnorm(latent, a.kv_a_norm, sh.eps, latent)
     pe = np.ascontiguousarray(kv[:, kv_lora:])
     cos, sin = rope_angles(positions, inv_freq, sh.mscale)  # the key's and the queries'
-    rotate(pe, cos, sin, 1, n_rope, False)
+    rotate(pe, cos, sin, np.int64(1), n_rope, np.bool_(False))
     kv[:, :kv_lora], kv[:, kv_lora:] = latent, pe
-    store_kv(kv, kv, k_cache, v_cache, layer, slots, positions, 1, width)
+    store_kv(kv, kv, k_cache, v_cache, layer, slots, positions, np.int64(1), width)
     q_lat = np.empty((t_rows, n_heads * width), np.float32)  # queries in the latent's space
     part = np.empty((t_rows, kv_lora), np.float32)
     q_pe = np.empty((t_rows, n_heads * n_rope), np.float32)
@@ -148,11 +148,12 @@ def latent_attention(
         qmatmul(np.ascontiguousarray(q[:, i * k_dim : i * k_dim + nope]), a.k_b[i], part, n_direct)
         q_lat[:, i * width : i * width + kv_lora] = part
         q_pe[:, i * n_rope : (i + 1) * n_rope] = q[:, i * k_dim + nope : (i + 1) * k_dim]
-    rotate(q_pe, cos, sin, n_heads, n_rope, False)
+    rotate(q_pe, cos, sin, n_heads, n_rope, np.bool_(False))
     for i in range(n_heads):
         q_lat[:, i * width + kv_lora : (i + 1) * width] = q_pe[:, i * n_rope : (i + 1) * n_rope]
     o_lat = np.empty((t_rows, n_heads * kv_lora), np.float32)
-    attend(q_lat, k_cache, v_cache, layer, slots, positions, n_heads, 1, o_lat, sh.scale, sh.window)
+    attend(q_lat, k_cache, v_cache, layer, slots, positions, n_heads, np.int64(1), o_lat, sh.scale, sh.window,
+           np.zeros(0, np.float32))
     values = np.empty((t_rows, n_heads * v_dim), np.float32)
     value = np.empty((t_rows, v_dim), np.float32)
     for i in range(n_heads):

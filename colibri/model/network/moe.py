@@ -169,7 +169,7 @@ def _swiglu_quantized(gu: np.ndarray, n_ff: int, per: int, ex: ExpertExtras) -> 
     dx = np.empty((t_rows, EXPERT_LEVELS, n_ff // per), np.float32)
     sx = np.empty((t_rows, EXPERT_LEVELS, n_ff // per), np.int32)
     if t_rows == 1:  # no parallel region for one row (an expert applied alone to a decode row)
-        _swiglu_quantized_rows(gu, 0, 1, n_ff, per, xq, dx, sx, ex)
+        _swiglu_quantized_rows(gu, np.int64(0), np.int64(1), n_ff, per, xq, dx, sx, ex)
     else:
         n_runs = min(t_rows, RUNS)
         for run in nb.prange(n_runs):
@@ -230,16 +230,15 @@ def _float_expert(x: np.ndarray, f: FFN, n_direct: int, out: np.ndarray, e: int,
     """An expert of another kind (float, the file's blocks): ``swiglu_ffn``, or with expert
     ``e``'s biases and the clamped SwiGLU where ``ex`` has them."""
     if ex.limit == 0.0 and ex.gate_up_bias.shape[0] == 0:
-        swiglu_ffn(x, f.gate_up, f.down, n_direct, out)
+        swiglu_ffn(x, f.gate_up, f.down, n_direct, out, np.bool_(False))
         return
     n_ff = f.gate_up.n_rows // 2
     gu = np.empty((x.shape[0], 2 * n_ff), np.float32)
     qmatmul(x, f.gate_up, gu, n_direct)
     if ex.gate_up_bias.shape[0] > 0:
         add_bias(gu, ex.gate_up_bias[e])
-    gate = np.ascontiguousarray(gu[:, :n_ff])
-    _activate(gate, gu[:, n_ff:], ex, swiglu_scratch(n_ff))
-    qmatmul(gate, f.down, out, n_direct)
+    _activate(gu[:, :n_ff], gu[:, n_ff:], ex, swiglu_scratch(n_ff))  # views, as the routed rows'
+    qmatmul(np.ascontiguousarray(gu[:, :n_ff]), f.down, out, n_direct)
     if ex.down_bias.shape[0] > 0:
         add_bias(out, ex.down_bias[e])
 
@@ -267,7 +266,7 @@ def apply_experts(
         a, b = starts[i], starts[i + 1]
         if b == a:
             continue
-        sub_direct = 0
+        sub_direct = np.int64(0)
         for j in range(a, b):
             if rows[j] < n_direct:
                 sub_direct += 1
@@ -304,9 +303,13 @@ def add_shared_expert(h: np.ndarray, f: FFN, gate: np.ndarray, n_direct: int, ou
     y = np.empty_like(out)
     if _int8_ffn(f):
         xq, dx, sx = quantize_rows(h, _block_values(f, h), EXPERT_LEVELS)
-        _int8_experts(xq, dx, sx, f, 1, _SLOT_0, np.array([0, h.shape[0]], np.int64), y, _SLOT_0, NO_EXTRAS)
+        # typed as the routed call's: a literal 1 or a global (read-only) array is another type to
+        # numba, and another compile of everything below (150 s cold)
+        slot0 = np.zeros(1, np.int64)
+        _int8_experts(xq, dx, sx, f, np.int64(1), slot0, np.array([0, h.shape[0]], np.int64), y, slot0,
+                      NO_EXTRAS)
     else:
-        swiglu_ffn(h, f.gate_up, f.down, n_direct, y)
+        swiglu_ffn(h, f.gate_up, f.down, n_direct, y, np.bool_(False))
     if gate.shape[0] > 0:
         for t in range(h.shape[0]):
             z = np.float32(0.0)
