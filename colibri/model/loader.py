@@ -70,7 +70,7 @@ class Model:
     def forward(self, tokens: np.ndarray, slots: np.ndarray, positions: np.ndarray, kv: KVCache,
                 logit_rows: np.ndarray, n_direct: int = 0, embeds: np.ndarray | None = None) -> np.ndarray:
         """One step of the network: see ``Decoder.forward``. The cache must be of this model's type:
-        the decoder's layer entry points are compiled for one (``decoder.Entry``)."""
+        the decoder's layer entry points are compiled for one (``entry.Entry``)."""
         if kv.dtype != self._kv_dtype:
             raise ValueError(f"a {kv.dtype} KV cache for a model of {self.kv_type} caches")
         return self.decoder.forward(tokens, slots, positions, kv, logit_rows, n_direct, embeds)

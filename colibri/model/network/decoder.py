@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from numba.core.dispatcher import Dispatcher
 
 from colibri.model.hparams import HParams
 from colibri.model.interface import StepTimes
 from colibri.model.kernels.ops import add_into, rope_frequencies
 from colibri.model.kv_cache import KVCache
 from colibri.model.network.embedding import Embedding, OutputHead
+from colibri.model.network.entry import Entry, same_types
 from colibri.model.network.layers import (
     FFNNorms,
     LayerShape,
@@ -40,30 +39,6 @@ from colibri.model.network.weights import named_norm, optional_vector
 from colibri.model.yarn import yarn_divisors, yarn_magnitude
 from colibri.store.experts import Budget, ExpertStore
 from colibri.store.gguf import GGUFError, GGUFFile
-
-
-class Entry:
-    """A compiled layer function called without numba's dispatcher, through the entry point of the
-    signature its first call had. The dispatcher types every argument of every call, and a layer's
-    weights are NamedTuples of arrays, which it types in Python: 7 us of a dense layer's 74 (0.2 ms
-    a token on the default model, 30 layers). A layer's arguments have the same types at every
-    step: ``Decoder`` checks at load that every layer's weights type alike (else it keeps the
-    dispatcher) and normalizes the step's arrays, because an entry point reads whatever it is given
-    as the types it was compiled for."""
-
-    def __init__(self, fn: Dispatcher) -> None:
-        self.fn = fn
-        self.entry: Callable[..., Any] | None = None
-
-    def __call__(self, *args: Any) -> Any:
-        if self.entry is None:
-            self.entry = self.fn.compile(tuple(self.fn.typeof_pyval(a) for a in args))
-        return self.entry(*args)
-
-
-def same_types(fn: Dispatcher, values: list[Any]) -> bool:
-    """Whether numba types every one of ``values`` alike (one layer argument across the layers)."""
-    return len({fn.typeof_pyval(v) for v in values}) <= 1
 
 
 class Decoder:

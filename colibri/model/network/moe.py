@@ -37,6 +37,7 @@ from colibri.model.kernels.ops import (
     swiglu_scratch,
 )
 from colibri.model.kernels.quant_matmul import qmatmul
+from colibri.model.network.entry import Entry
 from colibri.model.network.layers import FFN, load_ffn, swiglu_ffn
 from colibri.model.network.routing import Routing, check_routing, route_rows
 from colibri.model.network.weights import load_matrix, optional_vector
@@ -359,6 +360,8 @@ class MoEFFN:
         """``predictable``: the layer before may guess its experts by its router (``predict``)."""
         self.layer, self.router, self.bias, self.rule, self.store = layer, router, bias, rule, store
         self.extras = extras
+        self._bound_pool: ExpertWeights | None = None
+        self._resident_ffn = Entry(resident_ffn)
         self.shared = shared
         self.shared_gate = shared_gate if shared_gate is not None else np.zeros(0, np.float32)
         if predictable:
@@ -378,13 +381,16 @@ class MoEFFN:
 
     def __call__(self, h: np.ndarray, n_direct: int) -> np.ndarray:
         """The FFN output for every row of ``h`` (the normed hidden state)."""
+        h = np.ascontiguousarray(h, np.float32)  # (an entry point reads it as compiled)
         out = np.empty_like(h)
         resident = self.store.resident_layer(self.layer)
         if resident is not None:
+            if resident.pool is not self._bound_pool:  # the stack's types, once per stack (``entry.py``)
+                self._bound_pool, self._resident_ffn = resident.pool, Entry(resident_ffn)
             start = time.perf_counter()
-            used = resident_ffn(h, n_direct, self.router, self.bias, self.rule, resident.pool,
-                                self.shared or _NO_SHARED, self.shared_gate, resident.heat, resident.hits,
-                                _DECAY, out, self.extras)
+            used = self._resident_ffn(h, int(n_direct), self.router, self.bias, self.rule, resident.pool,
+                                      self.shared or _NO_SHARED, self.shared_gate, resident.heat,
+                                      resident.hits, _DECAY, out, self.extras)
             self.store.note_compute(time.perf_counter() - start)
             self.store.note_resident_use(used)
             return out
