@@ -164,6 +164,7 @@ class Decoder:
         self._hidden = np.zeros((0, hp.n_embd), np.float32)  # the last step's last-layer rows, pre-norm
         self.nextn = (NextN(gguf, hp, hp.n_layers, self.layer, self.embedding, self.head.output)
                       if n_run > hp.n_layers else None)
+        gguf.release_again()  # what the small tensors' reads mapped back
 
     def _load_moe(self, gguf: GGUFFile, hp: HParams, i: int, rule: Routing) -> MoEFFN:
         """Layer i's experts (the NextN layer's are not read ahead from the last layer's input:
