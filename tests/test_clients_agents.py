@@ -48,7 +48,7 @@ from agents_harness import Exchange, RecordingProxy, Run, aider_bin, scratch_env
 from serve_harness import running_server
 
 CODEX_S = 600
-OPENCODE_S = 150  # a turn of a model that keeps calling tools is stopped here
+OPENCODE_S = 90  # a turn of a model that keeps calling tools is stopped here (a round trip takes ~25 s)
 CONTINUE_S = 360
 AIDER_S = 240
 # Turns of a tool-using agent, until one makes a tool round trip (one without a call is quick,
