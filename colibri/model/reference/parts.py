@@ -105,18 +105,20 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * sigmoid(x)
 
 
-def swiglu(h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, levels: int = 0) -> np.ndarray:
+def swiglu(h: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray, levels: int = 0,
+           block: int = 32) -> np.ndarray:
     """The gated feed-forward of every architecture here: ``down(silu(gate·h) * up·h)``, each
-    matrix's input ``rounded`` to ``levels`` first (0: exact)."""
-    h = rounded(h, levels)
-    return rounded(silu(h @ gate.T) * (h @ up.T), levels) @ down.T
+    matrix's input ``rounded`` to ``levels`` per ``block`` values first (0: exact)."""
+    h = rounded(h, levels, block)
+    return rounded(silu(h @ gate.T) * (h @ up.T), levels, block) @ down.T
 
 
 def dense_ffn(w: Weights, prefix: str, h: np.ndarray, suffix: str = "") -> np.ndarray:
     """A layer's SwiGLU (``suffix`` ""), or its shared expert (``suffix`` "_shexp", its inputs
     ``rounded`` to ``w.expert_levels`` as the routed experts' are)."""
     levels = w.expert_levels if suffix else 0
-    return swiglu(h, *(w[f"{prefix}ffn_{m}{suffix}.weight"] for m in ("gate", "up", "down")), levels)
+    return swiglu(h, *(w[f"{prefix}ffn_{m}{suffix}.weight"] for m in ("gate", "up", "down")), levels,
+                  w.expert_block)
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
@@ -124,13 +126,14 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-scores, axis=-1, kind="stable")[:, :k]
 
 
-def rounded(x: np.ndarray, levels: int) -> np.ndarray:
-    """Each row of ``x`` as ``levels`` 8-bit levels per 32 values, as the engine's integer matmul
-    takes its activations: Q8_0's rounding (the step max|x| / 127 in float32, ties to even), then
-    each remainder's on a step 254 times finer; 0 levels, ``x`` itself."""
+def rounded(x: np.ndarray, levels: int, block: int = 32) -> np.ndarray:
+    """Each row of ``x`` as ``levels`` 8-bit levels per ``block`` values (the engine's: 32), as the
+    engine's integer matmul takes its activations: Q8_0's rounding (the step max|x| / 127 in
+    float32, ties to even), then each remainder's on a step 254 times finer; 0 levels, ``x``
+    itself."""
     if levels == 0:
         return x
-    blocks = x.reshape(x.shape[0], -1, 32)
+    blocks = x.reshape(x.shape[0], -1, block)
     d = np.abs(blocks).max(-1, keepdims=True).astype(np.float32) / np.float32(127.0)
     inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0)
     rest, seen = blocks.copy(), np.zeros_like(blocks)
@@ -149,7 +152,7 @@ def experts(w: Weights, prefix: str, h: np.ndarray, chosen: np.ndarray, weight: 
     out = np.zeros_like(h)
     for t in range(h.shape[0]):
         for e, g in zip(chosen[t], weight[t], strict=True):
-            out[t] += g * swiglu(h[t : t + 1], gate[e], up[e], down[e], w.expert_levels)[0]
+            out[t] += g * swiglu(h[t : t + 1], gate[e], up[e], down[e], w.expert_levels, w.expert_block)[0]
     return out
 
 
@@ -203,7 +206,7 @@ def self_attention(w: Weights, p: str, x: np.ndarray, neox: bool, qk_norm: bool 
     GQA attention, the output projection. A ``local`` layer: the window, and RoPE at the local
     base without the linear scaling."""
     c = w.config
-    h = rms_norm(x, w[p + "attn_norm.weight"], c.eps)
+    h = rounded(rms_norm(x, w[p + "attn_norm.weight"], c.eps), w.projection_levels, w.projection_block)
     if p + "attn_qkv.weight" in w:
         q_dim, kv_dim = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         q, k, v = np.split(linear(w, p + "attn_qkv", h), [q_dim, q_dim + kv_dim], axis=1)
@@ -222,4 +225,4 @@ def self_attention(w: Weights, p: str, x: np.ndarray, neox: bool, qk_norm: bool 
     q = rope(q, c.head_dim, c.rope_dim, base, neox=neox, divisors=divisors, mscale=mscale)
     k = rope(k, c.head_dim, c.rope_dim, base, neox=neox, divisors=divisors, mscale=mscale)
     out = attention(q, k, v, c.n_heads, c.n_kv_heads, c.attn_scale, c.window if local else 0)
-    return out @ w[p + "attn_output.weight"].T
+    return rounded(out, w.projection_levels, w.projection_block) @ w[p + "attn_output.weight"].T

@@ -49,12 +49,17 @@ class Config:
 class Weights:
     """A GGUF file's metadata and tensors, dequantized to float64 by the ``gguf`` package whenever
     asked for (nothing is kept: a real model does not fit in memory as float64). ``expert_levels``:
-    round the experts' inputs (routed and shared) to that many 8-bit levels per 32 values first,
-    as a quantized file's experts in the engine are (``rounded``); 0, the default, leaves them
-    exact."""
+    round the experts' inputs (routed and shared) to that many 8-bit levels per ``expert_block``
+    values first, as a quantized file's experts in the engine are (``rounded``); 0, the default,
+    leaves them exact. ``projection_levels`` and ``projection_block``: the same for the inputs of
+    the attention's projections (``self_attention``), which the engine takes at two levels (~15
+    bits, left exact here): what one would cost is measured with them
+    (``tools/activation_rounding.py``)."""
 
-    def __init__(self, path: Path | str, expert_levels: int = 0) -> None:
-        self.expert_levels = expert_levels
+    def __init__(self, path: Path | str, expert_levels: int = 0, projection_levels: int = 0,
+                 expert_block: int = 32, projection_block: int = 32) -> None:
+        self.expert_levels, self.expert_block = expert_levels, expert_block
+        self.projection_levels, self.projection_block = projection_levels, projection_block
         self.reader = gguf.GGUFReader(path)
         self.tensors = {t.name: t for t in self.reader.tensors}
         arch = self.meta("general.architecture")
