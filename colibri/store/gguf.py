@@ -160,7 +160,7 @@ class GGUFFile:
         self.file_size = size
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
-        self._released: list[str] = []  # tensors whose copies are what is read (``release``)
+        self._released: dict[str, None] = {}  # tensors whose copies are what is read (``release``), once each
         self._parse()
 
     def _parse(self) -> None:
@@ -259,7 +259,7 @@ class GGUFFile:
         """Drop this mapping's hold on the pages wholly inside tensor ``name`` once a copy of it is
         all that is read (a packed matrix): they leave this process's RSS and stay in the page
         cache, so that a model costs its packed copy, not that and the file."""
-        self._released.append(name)
+        self._released[name] = None
         self._drop(self.tensors[name])
 
     @property

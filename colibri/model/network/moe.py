@@ -361,7 +361,7 @@ class MoEFFN:
         self.layer, self.router, self.bias, self.rule, self.store = layer, router, bias, rule, store
         self.extras = extras
         self._bound_pool: ExpertWeights | None = None
-        self._resident_ffn = Entry(resident_ffn)
+        self._resident_ffn: Entry | None = None  # bound at the first resident call
         self.shared = shared
         self.shared_gate = shared_gate if shared_gate is not None else np.zeros(0, np.float32)
         if predictable:
