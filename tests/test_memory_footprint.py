@@ -95,3 +95,55 @@ def test_a_loaded_model_maps_none_of_the_tensors_it_copied(tmp_path):
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["released"] > 4 * 4  # every layer's attention matrices and norms at least
     assert got["mapped"] == 0, f"{got['mapped']} pages of copied tensors still mapped after loading"
+
+
+_CACHED_KERNEL = '''
+import numba as nb
+import numpy as np
+
+
+@nb.njit(cache=True)
+def scaled(x, k):
+    return x * k
+'''
+
+_LOAD_THEN_LINK = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import numba as nb
+import numpy as np
+from colibri.model.kernels import cache_loading
+import kernel
+
+x = np.arange(4.0)
+assert (kernel.scaled(x, 2.0) == 2 * x).all()
+library = kernel.scaled.overloads[kernel.scaled.signatures[0]].library
+loaded = {"installed": cache_loading.INSTALLED, "hits": sum(kernel.scaled.stats.cache_hits.values()),
+          "parsed": library._shared_module is not None}
+
+
+@nb.njit
+def twice(x):  # a new compile that links the loaded kernel
+    return kernel.scaled(x, 2.0) + kernel.scaled(x, 1.0)
+
+
+loaded["linked"] = twice(x).tolist()
+loaded["parsed_after_link"] = library._shared_module is not None
+print(json.dumps(loaded))
+"""
+
+
+def test_a_cached_kernel_loads_without_its_linking_module_until_a_compile_links_it(tmp_path):
+    """``kernels/cache_loading.py``: a function loaded from numba's cache keeps its LLVM bitcode
+    unparsed (the parsed modules of a MoE forward's kernels held ~31 MB for the process's life),
+    and a later compile that calls it still links it, parsing it then. The first process compiles
+    and saves the kernel; the second loads it, checks, and compiles a caller."""
+    (tmp_path / "kernel.py").write_text(_CACHED_KERNEL)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _LOAD_THEN_LINK, str(tmp_path)], env=env,
+                                      capture_output=True, text=True, check=True).stdout)
+            for _ in range(2)]
+    first, second = runs
+    assert first["installed"] and first["hits"] == 0  # compiled here, and saved
+    assert second["hits"] == 1 and not second["parsed"]  # loaded, its module not parsed
+    assert second["linked"] == [0.0, 3.0, 6.0, 9.0] and second["parsed_after_link"]

@@ -3,9 +3,13 @@
 - ``quant_matmul``: ``x @ W.T`` computed on W's packed blocks (``colibri.store.packed``).
 - ``ops``: RMSNorm, RoPE, SwiGLU.
 - ``attention``: grouped-query attention over a slotted KV cache.
+- ``cache_loading``: cached kernels loaded without their linking modules parsed (installed here,
+  before any is loaded).
 """
 
 import numba
+
+from colibri.model.kernels import cache_loading  # noqa: F401  (installs itself on import)
 
 # OpenMP first: its threads start a parallel region in ~4 us (numba's workqueue takes ~80 us,
 # too slow for a decode step of hundreds of regions). They spin between regions, so BLAS must
