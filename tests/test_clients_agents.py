@@ -19,9 +19,10 @@ says so; measured on Codex: 2 of 14 turns exited 0, both without a call). That t
 turns end with exit 0 when the model ends them is ``test_clients_agents_trained.py``'s, on a tiny
 model trained on these turns. The tasks ask for a tool by name so the model is likely to call
 one; as it samples, a turn without a call is repeated (up to TURNS, each one checked), its
-prompt's prefix still in a KV slot. ``make test`` takes one turn each (``COLI_AGENT_TURNS=1``):
-that turn's requests and ending are checked, and the round trip is asserted by ``make test-long``
-here and by ``test_clients_agents_trained.py`` on every run (greedy, deterministic). One server
+prompt's prefix still in a KV slot. ``make test`` takes one turn each (``COLI_AGENT_TURNS=1``),
+stopped at 150 s (``COLI_AGENT_TURN_S``): that turn's requests and ending are checked, and the
+round trip is asserted by ``make test-long`` here and by ``test_clients_agents_trained.py`` on
+every run (greedy, deterministic). One server
 for the module, at its default context (the model's own: 8,192 tokens; Codex's prompt with its
 own instructions is ~6,500 tokens, with the test's short ones ~2,700; opencode's ~7,700 with every
 tool, ~3,000 with the read-only ones). A failure prints the exchanges, each request's status and
@@ -58,6 +59,10 @@ AIDER_S = 240
 # ~25 s): the model samples, and opencode's turns made no call six times in a row in one CI run.
 # Repeated turns cost the suite up to 500 s of a CI run, so `make test` takes one (FAST_COUNTS).
 TURNS = int(os.environ.get("COLI_AGENT_TURNS", "10"))
+# Where a turn of a tool-using agent is stopped at the latest, beside each client's own time: a
+# model that keeps calling tools runs its turn until the context is full (Codex: 116 and 208 s in
+# two CI runs), so `make test` stops each at 150 s (FAST_COUNTS; a round trip takes ~25 s).
+TURN_CAP_S = float(os.environ.get("COLI_AGENT_TURN_S", "inf"))
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +121,7 @@ def tool_turns(proxy: RecordingProxy, setup: Setup, cwd: Path, timeout: float, p
     round trip is then one sampled turn's luck, asserted where turns repeat."""
     seen = []
     for _ in range(TURNS):
-        run, exchanges = turn(proxy, setup, cwd, timeout)
+        run, exchanges = turn(proxy, setup, cwd, min(timeout, TURN_CAP_S))
         check_tool_turn(run, exchanges, path, model_ends, ending_tools)
         if round_trips(exchanges):
             return
