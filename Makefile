@@ -81,8 +81,9 @@ serve: install
 # `make test` runs fewer trials and a 10 s soak to stay inside its time budget (every test runs),
 # `make test-long` the full counts: 100 kill -9 rounds, 200 sampled replies checked for template
 # text, a 300 s soak, up to 10 sampled turns of each coding agent on the default model until one
-# makes a tool round trip (`make test`: one turn each, stopped at 150 s, its requests checked). The browser tests' screenshots go to test-artifacts/ (ignored); `make
-# screenshots` refreshes the ones in docs/.
+# makes a tool round trip (`make test`: one turn each, stopped at 150 s, its requests checked).
+# The browser tests' screenshots go to test-artifacts/ (ignored); `make screenshots` refreshes the
+# ones in docs/.
 FAST_COUNTS := COLI_CRASH_ROUNDS=12 COLI_LEAK_SAMPLES=64 COLI_SOAK_S=10 COLI_AGENT_TURNS=1 \
 	COLI_AGENT_TURN_S=150 COLI_SCREENSHOT_DIR=test-artifacts
 # Two pytest-xdist workers, each taking whole files (--dist loadfile: a module's fixtures and its

@@ -55,7 +55,6 @@ def test_a_slots_first_token_costs_pages_not_huge_pages():
     assert got["grew"] < 4 * MB, f"the first token of one slot grew anonymous memory by {grew:.1f} MB"
 
 
-
 _MAPPING_PROBE = """
 import json, mmap, struct, sys
 import numpy as np
