@@ -1,4 +1,4 @@
-"""Speculative decoding's parts on their own (``colibri/sched/speculation.py``): prompt lookup, the
+"""Speculative decoding's parts on their own (``colibri/sched/speculation.py``): the
 acceptance and its pause, the step cost's fit, the draft length, and the rejection rule, whose
 output must be plain decoding's: token for token with the same seed, and in distribution (a small
 vocabulary where the joint distribution of two tokens is measured against the exact one)."""
@@ -13,54 +13,8 @@ from colibri import settings
 from colibri.errors import ConfigError
 from colibri.model.sampling import Sampler, SamplingParams
 from colibri.sched import speculation as sp
-from colibri.sched.speculation import Acceptance, NgramDrafter, StepCost, draft_length, verify
-
-
-def test_prompt_lookup_continues_the_latest_earlier_occurrence_of_the_longest_suffix():
-    seq = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
-    d = NgramDrafter(seq)
-    # "1 2 3" occurred at the start (followed by 4 5 9 ...); "2 3" also later (followed by 7): the
-    # longer suffix wins, and three tokens agree before the continuation
-    assert d.propose(4) == ([4, 5, 9, 2], 3)
-    d.extend([7])  # "2 3 7" now: its latest earlier occurrence is followed by 8 1 2 3 7
-    assert d.propose(3) == ([8, 1, 2], 3)
-    assert d.propose(0) == ([], 0)
-    assert NgramDrafter([1, 2, 3, 4]).propose(5) == ([], 0)  # nothing recurs
-    assert NgramDrafter([5, 6, 5]).propose(5) == ([], 0)  # one token is not a match (NGRAM_MIN 2)
-
-
-def test_agreement_counts_how_long_the_stream_has_copied():
-    passage = list(range(100, 140))
-    d = NgramDrafter([*passage, 7, *passage[:20]])
-    assert d.propose(4) == (passage[20:24], 20)
-    d = NgramDrafter([*passage, 7, *passage[:3]])
-    assert d.propose(4) == (passage[3:7], 3)
-    d = NgramDrafter([*passage, *passage])  # agreement is counted up to AGREEMENT_MAX
-    assert d.propose(2)[1] == sp.AGREEMENT_MAX
-
-
-def test_prompt_lookup_built_at_once_or_token_by_token_is_the_same():
-    rng = np.random.default_rng(1)
-    seq = [int(t) for t in rng.integers(0, 6, 300)]
-    whole, grown = NgramDrafter(seq), NgramDrafter(seq[:1])
-    for t in seq[1:]:
-        grown.extend([t])
-    assert whole._ends == grown._ends
-
-
-def test_a_next_turn_reuses_the_index_as_if_built_anew():
-    rng = np.random.default_rng(2)
-    d = NgramDrafter([1, 2, 3, 4, 5, 6, 1, 2])
-    assert d.propose(3)[0] == [3, 4, 5]
-    d.reuse([1, 2, 9, 9, 1, 2])  # the prefix "1 2" kept; "3 4 5 6 ..." dropped with its entries
-    assert d.propose(3)[0] == [9, 9, 1]
-    for _ in range(200):  # a conversation's turns: its prompt re-sent, shortened, edited, extended
-        seq = d.tokens[: int(rng.integers(0, len(d.tokens) + 1))]
-        seq += [int(t) for t in rng.integers(0, 5, int(rng.integers(0, 40)))]
-        d.reuse(seq)
-        fresh = NgramDrafter(seq)
-        assert d._ends == fresh._ends
-        assert d.propose(4) == fresh.propose(4)
+from colibri.sched.lookup import NgramDrafter
+from colibri.sched.speculation import Acceptance, StepCost, draft_length, verify
 
 
 def test_acceptance_rate_and_its_pause():

@@ -26,9 +26,11 @@ import numpy as np
 
 from colibri.model.interface import EngineModel
 from colibri.model.kv_cache import KVCache
+from colibri.model.tokenizer import GGUFTokenizer
+from colibri.sched.lookup import LineJoins, NgramDrafter
 from colibri.sched.planner import StepPlan
 from colibri.sched.requests import Request, Slot
-from colibri.sched.speculation import NgramDrafter, Speculation, StepCost
+from colibri.sched.speculation import Speculation, StepCost
 
 
 def assign_drafts(active: Sequence[Request], speculation: Speculation, step_cost: StepCost, n_ctx: int,
@@ -53,11 +55,16 @@ def _room(req: Request, speculation: Speculation, emitted: int, position: int, n
     return min(speculation.draft_max, req.submit.max_tokens - emitted - 1, n_ctx - position - 1)
 
 
-def index_slot(slot: Slot, prompt: list[int]) -> NgramDrafter:
+def line_joins(tokenizer: GGUFTokenizer) -> LineJoins | None:
+    """Prompt lookup's soft line breaks in the model's vocabulary."""
+    return LineJoins.of_vocabulary([tokenizer.token_bytes(i) for i in range(tokenizer.n_vocab)])
+
+
+def index_slot(slot: Slot, prompt: list[int], joins: LineJoins | None) -> NgramDrafter:
     """The slot's prompt-lookup index, holding ``prompt`` (off the event loop: a long prompt's
     first index takes tens of milliseconds)."""
     if slot.drafter is None:
-        slot.drafter = NgramDrafter(prompt)
+        slot.drafter = NgramDrafter(prompt, joins)
     else:
         slot.drafter.reuse(prompt)
     return slot.drafter

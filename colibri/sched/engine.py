@@ -34,7 +34,7 @@ from colibri.model.interface import EngineModel
 from colibri.model.sampling import Sampler, SamplingParams, top_candidates
 from colibri.sched import persist, telemetry
 from colibri.sched.compute import ComputeThread
-from colibri.sched.drafts import assign_drafts, index_slot, nextn_pass
+from colibri.sched.drafts import assign_drafts, index_slot, line_joins, nextn_pass
 from colibri.sched.planner import Share, StepPlan, plan_step
 from colibri.sched.requests import Emit, Request, Slot
 from colibri.sched.speculation import NO_SPECULATION, Drafting, Speculation, StepCost, verify
@@ -64,6 +64,8 @@ class Engine:
         self.n_ctx, self.state_dir, self.prefill_chunk = n_ctx, state_dir, prefill_chunk
         self.topk, self.perf = topk, perf
         self.speculation, self.step_cost = speculation, StepCost()
+        # prompt lookup's soft line breaks in this vocabulary (``lookup.py``)
+        self._joins = line_joins(self.tokenizer) if speculation.lookup else None
         self._grammar_vocab: GrammarVocab | None = None  # built on the first grammar
         self.kv = model.new_kv_cache(n_slots, n_ctx)
         self.slots = [Slot(i) for i in range(n_slots)]
@@ -244,7 +246,9 @@ class Engine:
             return True
         spec = self.speculation
         if spec.on and req.submit.speculative is not False and req.constraint is None:
-            lookup = await trio.to_thread.run_sync(index_slot, req.slot, prompt) if spec.lookup else None
+            lookup = None
+            if spec.lookup:
+                lookup = await trio.to_thread.run_sync(index_slot, req.slot, prompt, self._joins)
             req.drafting = Drafting(lookup, spec.nextn, spec.draft_min)
         self.active.append(req)
         self._work.set()

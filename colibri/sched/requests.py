@@ -13,7 +13,8 @@ from colibri.model.grammar import Constraint
 from colibri.model.interface import StoreCounters
 from colibri.model.sampling import Sampler
 from colibri.model.tokenizer import StreamDecoder
-from colibri.sched.speculation import Drafting, NgramDrafter
+from colibri.sched.lookup import NgramDrafter
+from colibri.sched.speculation import Drafting
 
 # Where a request's events go: its session's encoder, or a capture around it (legacy, Channel).
 Emit = Callable[[object], Awaitable[None]]

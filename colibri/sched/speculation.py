@@ -13,10 +13,11 @@ all of them written by its step or held in the history, so those are never read,
 write over them as the history grows (the rollback is the history's length).
 
 Sources (``--speculative``): ``ngram``, prompt lookup over the stream's own tokens (prompt and
-output), no extra weights; ``mtp``, the model's NextN layer (``colibri.model.network.nextn``: run
-after each step over the step's verified rows, it drafts a token, then feeds it back for the next;
-``drafts.py``); ``auto``, both where the model has a NextN layer (a stream that prompt lookup finds
-copying takes the lookup's draft, often a dozen tokens, the others the layer's), else lookup.
+output; ``lookup.py``), no extra weights; ``mtp``, the model's NextN layer
+(``colibri.model.network.nextn``: run after each step over the step's verified rows, it drafts a
+token, then feeds it back for the next; ``drafts.py``); ``auto``, both where the model has a NextN
+layer (a stream that prompt lookup finds copying takes the lookup's draft, often a dozen tokens, the
+others the layer's), else lookup.
 
 How much: draft token i is verified only where it pays. ``Acceptance`` measures the chance a draft
 token is accepted, given the previous one was (a); ``StepCost`` measures what a step's rows cost.
@@ -34,18 +35,14 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 from colibri.errors import ConfigError
+from colibri.sched.lookup import NgramDrafter
 
 SPECULATIVE_MODES = ("off", "ngram", "mtp", "auto")
-# Prompt lookup: the longest suffix looked up first (a longer match predicts better); one token
-# matches anywhere in a chat and its continuations are mostly wrong, so two is the shortest.
-NGRAM_MAX = 4
-NGRAM_MIN = 2
 # A draft whose source agrees with the stream's last COPYING tokens or more is a copy's: its
 # acceptance is measured apart from the others' (a stream copying a function accepts nearly all of
 # one, and much less of a draft from a two-token match, which would otherwise set one rate for
-# both); agreement is counted up to AGREEMENT_MAX tokens.
+# both); agreement is counted up to ``lookup.AGREEMENT_MAX`` tokens.
 COPYING = 5
-AGREEMENT_MAX = 32  # past COPYING it only tells how long the copy has run: no need to count on
 # A copy's drafts are taken for likely before any is measured (the code edit's copies accepted
 # 85-90% of their tokens): its first draft is several tokens, not one.
 COPY_PRIOR = 0.8
@@ -79,65 +76,6 @@ COST_DECAY = 0.99
 OUTLIER = 3.0
 WARMUP_STEPS = 2
 MIN_RATIO = 0.02
-
-
-class NgramDrafter:
-    """Prompt lookup over one stream's tokens: the continuation of the latest earlier occurrence of
-    its last n tokens, n from NGRAM_MAX down to NGRAM_MIN. Each n-gram's ends are kept in a table
-    updated as tokens come (a lookup is a dict access, whatever the length), in order, so that
-    dropping a sequence's tail (``reuse``) drops its last entries and the earlier ones stand."""
-
-    def __init__(self, tokens: Sequence[int]) -> None:
-        self.tokens: list[int] = []
-        # n -> {n-gram: the indices of its last token where a token followed it, ascending}
-        self._ends: dict[int, dict[tuple[int, ...], list[int]]] = {
-            n: {} for n in range(NGRAM_MIN, NGRAM_MAX + 1)}
-        self.extend(tokens)
-
-    def extend(self, tokens: Sequence[int]) -> None:
-        seq = self.tokens
-        for t in tokens:
-            end = len(seq) - 1  # the n-grams ending here now have a continuation: t
-            for n, table in self._ends.items():
-                if end + 1 >= n:
-                    table.setdefault(tuple(seq[end - n + 1 : end + 1]), []).append(end)
-            seq.append(t)
-
-    def propose(self, limit: int) -> tuple[list[int], int]:
-        """Up to ``limit`` tokens to follow the stream's last (none where no suffix recurs), and how
-        many tokens before them agree with the stream's last (at most AGREEMENT_MAX): a stream
-        copying a passage agrees with it for as long as it has copied."""
-        seq = self.tokens
-        if limit <= 0:
-            return [], 0
-        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
-            ends = self._ends[n].get(tuple(seq[-n:])) if len(seq) > n else None
-            if not ends:
-                continue
-            end = ends[-1]
-            agreed, i, j = n, end - n, len(seq) - 1 - n
-            while agreed < AGREEMENT_MAX and i >= 0 and seq[i] == seq[j]:
-                agreed, i, j = agreed + 1, i - 1, j - 1
-            return seq[end + 1 : end + 1 + limit], agreed
-        return [], 0
-
-    def reuse(self, tokens: Sequence[int]) -> None:
-        """Hold ``tokens`` instead: the common prefix is kept with its table (a conversation's next
-        turn costs only what it adds), the rest dropped, its entries with it, latest first."""
-        seq, common = self.tokens, 0
-        for a, b in zip(seq, tokens, strict=False):
-            if a != b:
-                break
-            common += 1
-        for end in range(len(seq) - 2, common - 2, -1):  # the entries a dropped token continued
-            for n, table in self._ends.items():
-                if end + 1 >= n:
-                    key = tuple(seq[end - n + 1 : end + 1])
-                    table[key].pop()
-                    if not table[key]:
-                        del table[key]
-        del seq[common:]
-        self.extend(tokens[common:])
 
 
 class Acceptance:
