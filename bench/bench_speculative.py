@@ -6,7 +6,9 @@ Three workloads of this bench's own, each one chat turn, greedy:
 
 - **code edit**: a ~400-token Python function given, the same function asked back with one
   change (a variable renamed): an edit re-emits most of what it was given;
-- **grounded answer**: a ~400-token policy text, and a question whose answer quotes it;
+- **grounded answer**: a ~300-token policy text, its lines broken at ~100 characters as a
+  plain-text document's are, and a question whose answer quotes a paragraph of it (the model
+  quotes it as flowing text: ``sched/lookup.py``'s joined lines);
 - **open chat**: a story, where the prompt holds nothing to copy.
 
 colibri: ``coli engine`` (mux protocol) with ``--speculative off`` and ``--speculative ngram``
