@@ -27,9 +27,9 @@ from the page cache; the sides alternate run by run. Each worker prefills the sa
 samples ``--tokens`` tokens at temperature 1 (a random model's greedy output loops over a few
 tokens, and so would its routing); only those steps are timed, start-up excluded on both sides.
 Then, in the same warm worker, a PREFILL_TOKENS prompt (the same random ids both sides) is
-prefilled and timed: colibri in its default steps (128 tokens; 512 where the budget holds fewer
-than all the experts, ``settings.prefill_chunk``), llama.cpp in one 512-token micro-batch; the
-table's row under each case.
+prefilled and timed: colibri in its default steps for a prompt alone (512 tokens,
+``settings.prefill_chunks``), llama.cpp in one 512-token micro-batch; the table's row under each
+case.
 
 - **colibri**: ``Model(path, ram_budget)``, the hottest experts of an earlier generation pinned at
   start (their heat, as ``.coli_usage`` carries it between runs; pinning is start-up).
@@ -72,8 +72,8 @@ DEFAULT_CAPS = "1.5:0.6,1.0:0.3"  # cap GB : colibri --ram-budget GiB, the READM
 HEAT_TOKENS = 128  # the earlier generation whose heat colibri pins (bench_moe's warm-up)
 RUN_TIMEOUT_S = 1800  # a thrashing run at a small cap is slow, not stuck
 # The prefill row: a prompt of this many tokens, after the decode run (the same warm process), in
-# the engines' own steps (colibri's --prefill-chunk default for the model and budget,
-# ``settings.prefill_chunk``; llama.cpp's default micro-batch).
+# the engines' own steps (colibri's --prefill-chunk default for a MoE model's prompt alone,
+# ``settings.prefill_chunks``; llama.cpp's default micro-batch).
 PREFILL_TOKENS = 512
 LLAMA_UBATCH = 512
 # The ways --read-mbps (or --readahead-ways) adds beside "colibri" (whose read-ahead is measured,
@@ -119,7 +119,7 @@ def peak_rss() -> int:
 def work_colibri(args) -> dict:
     from colibri.model.generate import SingleSequence
     from colibri.model.loader import Model
-    from colibri.settings import gb_to_bytes, prefill_chunk
+    from colibri.settings import gb_to_bytes, prefill_chunks
 
     t0 = time.perf_counter()
     model = Model(args.gguf, ram_budget=None if args.budget is None else gb_to_bytes(args.budget))
@@ -129,7 +129,7 @@ def work_colibri(args) -> dict:
     ids, elapsed = bench_moe.decode(model, args.tokens)
     policy = model.decoder.experts.readahead
     prompt = prefill_prompt(model.hp.n_vocab)
-    seq = SingleSequence(model, len(prompt) + 8, prefill_chunk(None, model.streams_experts))
+    seq = SingleSequence(model, len(prompt) + 8, prefill_chunks(None, True, model.streams_experts).alone)
     start = time.perf_counter()
     seq.prefill(prompt)
     prefill_s = time.perf_counter() - start

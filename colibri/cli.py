@@ -46,8 +46,9 @@ def _sequence(model, args: argparse.Namespace):
     from colibri.model.generate import SingleSequence
 
     n_ctx = min(settings.resolve(args, settings.CTX), model.hp.context_length)
-    chunk = settings.prefill_chunk(settings.resolve(args, settings.PREFILL_CHUNK), model.streams_experts)
-    return SingleSequence(model, n_ctx, chunk)
+    given = settings.resolve(args, settings.PREFILL_CHUNK)
+    chunks = settings.prefill_chunks(given, model.experts is not None, model.streams_experts)
+    return SingleSequence(model, n_ctx, chunks.alone)  # one sequence: no stream beside it
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -13,7 +13,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from colibri import hostinfo
 from colibri.errors import ColibriError, ConfigError
@@ -53,27 +53,40 @@ DEFAULT_CTX_CAP = 32768
 CTX = Setting("ctx", "--ctx", "COLI_CTX", DEFAULT_CTX_CAP, int,
               f"context length in tokens per KV slot (default: the model's own, at most "
               f"{DEFAULT_CTX_CAP}; always capped at the model's own)", host_env="CTX")
-# Where a MoE model's experts stream from the file (the RAM budget holds fewer than all of them), a
-# step reads each expert it routes to once, whatever its rows, and 128 prompt tokens at top-8
+# A MoE step reads each expert it routes to once, whatever its rows, and 128 prompt tokens at top-8
 # already route to nearly every expert of a 64-expert layer: a 512-token step (llama.cpp's default
-# micro-batch) reads the file a quarter as often. The qwen3moe bench file under a 1.0 GB cap
-# (bench_moe_peer.py, --ram-budget 0.3): a 512-token prefill at 75 tok/s in 128-token steps,
-# 160-170 in one 512-token step; each step then takes about as long as a 128-token one did, so the
-# other streams wait no longer (docs/performance.md).
+# micro-batch) reads the experts a quarter as often. Where they stream from the file (the RAM budget
+# holds fewer than all of them) that is the file's reads: the qwen3moe bench file under a 1.0 GB cap
+# (bench_moe_peer.py, --ram-budget 0.3) prefilled 512 tokens at 75 tok/s in 128-token steps, 160-170
+# in one 512-token step, each step about as long as a 128-token one was, so every prompt takes 512.
+# Resident, a step's time grows with its rows (0.4 s for 128 tokens there, 1.5 s for 512), so a
+# prompt takes 512 only where no other stream is decoding (none waits on its step: a lone prompt,
+# ``coli run``, an agent's first request), 128 beside them; the resident qwen3moe file's 512-token
+# prefill in process 1.63-1.78 s in 128-token steps, 1.47-1.60 in 512 (docs/performance.md).
 DEFAULT_PREFILL_CHUNK = 128
-STREAMED_PREFILL_CHUNK = 512
+MOE_PREFILL_CHUNK = 512
 PREFILL_CHUNK = Setting("prefill_chunk", "--prefill-chunk", "COLI_PREFILL_CHUNK", None, int,
-                        f"prompt tokens per forward step (default {DEFAULT_PREFILL_CHUNK}, or "
-                        f"{STREAMED_PREFILL_CHUNK} where a MoE model's experts do not all fit the RAM "
-                        "budget): smaller keeps other streams flowing during a prefill and bounds a "
-                        "step's scratch memory")
+                        f"prompt tokens per forward step (default {DEFAULT_PREFILL_CHUNK}; on a MoE "
+                        f"model {MOE_PREFILL_CHUNK} where no other stream is decoding, or where its "
+                        "experts do not all fit the RAM budget): smaller keeps other streams flowing "
+                        "during a prefill and bounds a step's scratch memory")
 
 
-def prefill_chunk(given: int | None, streams_experts: bool) -> int:
-    """--prefill-chunk if given, else the default for a model whose experts stream or not."""
+class PrefillChunks(NamedTuple):
+    """Prompt tokens per step: beside decoding streams, and alone (no stream waits on the step)."""
+
+    beside: int
+    alone: int
+
+
+def prefill_chunks(given: int | None, moe: bool, streams_experts: bool) -> PrefillChunks:
+    """--prefill-chunk if given, else the defaults for a dense model, a MoE model whose experts are
+    resident, or one whose experts stream."""
     if given is not None:
-        return given
-    return STREAMED_PREFILL_CHUNK if streams_experts else DEFAULT_PREFILL_CHUNK
+        return PrefillChunks(given, given)
+    if streams_experts:
+        return PrefillChunks(MOE_PREFILL_CHUNK, MOE_PREFILL_CHUNK)
+    return PrefillChunks(DEFAULT_PREFILL_CHUNK, MOE_PREFILL_CHUNK if moe else DEFAULT_PREFILL_CHUNK)
 
 
 # Halves, llama.cpp's default cache type: half float32's memory, and decode attention at long

@@ -20,7 +20,7 @@ import pytest
 from colibri.model.generate import SingleSequence
 from colibri.model.loader import Model
 from colibri.model.sampling import Sampler, SamplingParams
-from colibri.settings import DEFAULT_PREFILL_CHUNK, STREAMED_PREFILL_CHUNK, prefill_chunk
+from colibri.settings import DEFAULT_PREFILL_CHUNK, MOE_PREFILL_CHUNK, prefill_chunks
 from colibri.store.experts import HEAT_BUCKET_MAX, PIN_SHARE, TIER_DISK, TIER_RAM, ExpertStore
 from colibri.store.readahead import Mode, ReadAheadPolicy
 
@@ -156,20 +156,23 @@ def test_a_budget_short_of_the_model_pins_only_what_has_heat(moe_path: Path):
     assert store.pin_hottest(None) == 0
 
 
-def test_a_streamed_model_prefills_in_larger_steps_with_the_same_bits(moe_path: Path):
-    """A budget short of the experts streams them, and the default prefill step grows to
-    STREAMED_PREFILL_CHUNK (each step reads every expert it routes to once); a given
-    --prefill-chunk still wins. The steps' size changes the speed, never the logits."""
+def test_a_moe_model_prefills_in_larger_steps_with_the_same_bits(moe_path: Path):
+    """A MoE step reads every expert it routes to once: a budget short of the experts streams
+    them, and every prompt step grows to MOE_PREFILL_CHUNK; resident, only a prompt alone (no
+    stream decoding beside it) takes it; a given --prefill-chunk wins. The steps' size changes the
+    speed, never the logits."""
     all_bytes = open_with_budget(moe_path, 0).decoder.experts.all_nbytes()
     fits, short = open_with_budget(moe_path, all_bytes), open_with_budget(moe_path, all_bytes - 1)
     assert not fits.streams_experts and not open_with_budget(moe_path, None).streams_experts
     assert short.streams_experts and open_with_budget(moe_path, 0).streams_experts
-    assert prefill_chunk(None, fits.streams_experts) == DEFAULT_PREFILL_CHUNK
-    assert prefill_chunk(None, short.streams_experts) == STREAMED_PREFILL_CHUNK > DEFAULT_PREFILL_CHUNK
-    assert prefill_chunk(64, short.streams_experts) == 64
-    prompt = np.random.default_rng(3).integers(0, 512, STREAMED_PREFILL_CHUNK + 40).tolist()
+    assert prefill_chunks(None, True, fits.streams_experts) == (DEFAULT_PREFILL_CHUNK, MOE_PREFILL_CHUNK)
+    assert prefill_chunks(None, True, short.streams_experts) == (MOE_PREFILL_CHUNK, MOE_PREFILL_CHUNK)
+    assert prefill_chunks(None, False, False) == (DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_CHUNK)
+    assert MOE_PREFILL_CHUNK > DEFAULT_PREFILL_CHUNK
+    assert prefill_chunks(64, True, short.streams_experts) == (64, 64)
+    prompt = np.random.default_rng(3).integers(0, 512, MOE_PREFILL_CHUNK + 40).tolist()
     logits = [SingleSequence(short, len(prompt), chunk).prefill(prompt, all_logits=True)
-              for chunk in (DEFAULT_PREFILL_CHUNK, STREAMED_PREFILL_CHUNK)]
+              for chunk in (DEFAULT_PREFILL_CHUNK, MOE_PREFILL_CHUNK)]
     np.testing.assert_array_equal(*logits)
 
 

@@ -218,10 +218,11 @@ async def serve(engine, sub: Submit, nursery) -> list:
 def core(model):
     from colibri.sched.compute import ComputeThread
     from colibri.sched.engine import Engine
+    from colibri.settings import PrefillChunks
 
     wrapped = NaNLogits(model)
     with ComputeThread() as compute:
-        yield Engine(wrapped, 2, 256, None, 64, compute), wrapped
+        yield Engine(wrapped, 2, 256, None, PrefillChunks(64, 64), compute), wrapped
 
 
 @pytest.mark.parametrize("temperature, top_p, seed", [

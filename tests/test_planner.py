@@ -35,6 +35,15 @@ def test_decode_rows_first_then_one_prompt_chunk():
     assert plan.logit_rows == [0]
 
 
+def test_a_prompt_alone_takes_the_larger_chunk_and_beside_a_decoding_stream_the_smaller():
+    prompt = Feeding(FakeSlot(0), list(range(100, 120)))
+    assert plan_step([prompt], prefill_chunk=4, alone_chunk=16).tokens == list(range(100, 116))
+    decode = Feeding(FakeSlot(1, [1]), [7])
+    plan = plan_step([prompt, decode], prefill_chunk=4, alone_chunk=16)
+    assert plan.tokens == [7, 100, 101, 102, 103]  # the decoding stream waits on a small step only
+    assert plan_step([prompt], prefill_chunk=4).tokens == [100, 101, 102, 103]  # no alone_chunk: the same
+
+
 def test_the_last_chunk_of_a_prompt_samples_from_its_last_row():
     req = Feeding(FakeSlot(3, [9] * 8), [1, 2, 3])
     plan = plan_step([req], prefill_chunk=128)

@@ -38,6 +38,7 @@ from colibri.sched.drafts import assign_drafts, index_slot, line_joins, nextn_pa
 from colibri.sched.planner import Share, StepPlan, plan_step
 from colibri.sched.requests import Emit, Request, Slot
 from colibri.sched.speculation import NO_SPECULATION, Drafting, Speculation, StepCost, verify
+from colibri.settings import PrefillChunks
 
 HITS_EVERY_TOKENS = 6  # the spec's "~every 6 tokens": a live routing picture without flooding the pipe
 
@@ -54,14 +55,16 @@ class Engine:
     """The slot table and every request's lifecycle over one model; ``run`` is the step loop."""
 
     def __init__(
-        self, model: EngineModel, n_slots: int, n_ctx: int, state_dir: Path | None, prefill_chunk: int,
+        self, model: EngineModel, n_slots: int, n_ctx: int, state_dir: Path | None, prefill: PrefillChunks,
         compute: ComputeThread, topk: bool = False, perf: bool = False,
         speculation: Speculation = NO_SPECULATION,
     ) -> None:
         self.model, self.tokenizer = model, model.tokenizer
         # Where the model loads and computes: one thread (``compute.py``: one OpenMP pool)
         self.run_model = compute.run
-        self.n_ctx, self.state_dir, self.prefill_chunk = n_ctx, state_dir, prefill_chunk
+        self.n_ctx, self.state_dir = n_ctx, state_dir
+        # prompt tokens a step: beside decoding streams, and with none (``settings.prefill_chunks``)
+        self.prefill_chunk, self.alone_chunk = prefill
         self.topk, self.perf = topk, perf
         self.speculation, self.step_cost = speculation, StepCost()
         # prompt lookup's soft line breaks in this vocabulary (``lookup.py``)
@@ -323,7 +326,7 @@ class Engine:
             while self.active:
                 async with self.step_lock:
                     assign_drafts(self.active, self.speculation, self.step_cost, self.n_ctx, self.stop_ids)
-                    plan = plan_step(self.active, self.prefill_chunk)
+                    plan = plan_step(self.active, self.prefill_chunk, self.alone_chunk)
                     t0 = time.perf_counter()
                     sampled = await self.run_model(self._compute, plan)
                     self._advance(plan, time.perf_counter() - t0)

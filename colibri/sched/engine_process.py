@@ -28,7 +28,7 @@ from colibri.sched.compute import ComputeThread
 from colibri.sched.engine import Engine
 from colibri.sched.session import Session
 from colibri.sched.speculation import Speculation, resolve
-from colibri.settings import prefill_chunk
+from colibri.settings import prefill_chunks
 from colibri.state_files import check_state_dir
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class EngineConfig:
     n_slots: int
     n_ctx: int
     state_dir: Path | None
-    prefill_chunk: int | None  # None: the default for the model (``settings.prefill_chunk``)
+    prefill_chunk: int | None  # None: the defaults for the model (``settings.prefill_chunks``)
     protocol: str  # "mux" | "legacy" | "channel"
     topk: bool
     perf: bool = False  # SERVE_PERF=1: the spec's PERF, ENTROPY and GPUS lines before each DONE
@@ -95,8 +95,8 @@ async def _main(cfg: EngineConfig, model: EngineModel, n_ctx: int, compute: Comp
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
     stdout = trio.lowlevel.FdStream(os.dup(sys.stdout.fileno()))
     out_send, out_recv = trio.open_memory_channel[bytes](OUTPUT_BUFFER)
-    chunk = prefill_chunk(cfg.prefill_chunk, model.streams_experts)
-    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, chunk, compute,
+    chunks = prefill_chunks(cfg.prefill_chunk, model.experts is not None, model.streams_experts)
+    engine = Engine(model, cfg.n_slots, n_ctx, cfg.state_dir, chunks, compute,
                     topk=cfg.topk, perf=cfg.perf,
                     speculation=speculation)
     await engine.run_model(engine.restore)

@@ -52,12 +52,16 @@ class StepPlan:
         return [row for share in self.shares for row in share.logit_rows]
 
 
-def plan_step(active: Sequence[Feeding], prefill_chunk: int) -> StepPlan:
-    """The rows of the next step for the ``active`` requests, in arrival order."""
+def plan_step(active: Sequence[Feeding], prefill_chunk: int, alone_chunk: int | None = None) -> StepPlan:
+    """The rows of the next step for the ``active`` requests, in arrival order: a prompt chunk of
+    ``prefill_chunk`` tokens beside decoding requests, of ``alone_chunk`` (default the same) where
+    none decodes: no stream waits on that step, and a MoE model's larger steps read its experts
+    fewer times (``settings.prefill_chunks``)."""
     plan = StepPlan()
     decoding = [(r, r.todo + r.draft, True) for r in active if len(r.todo) == 1]
     prefill = next((r for r in active if len(r.todo) > 1), None)
-    chunk = [(prefill, prefill.todo[:prefill_chunk], False)] if prefill else []
+    size = prefill_chunk if decoding or alone_chunk is None else alone_chunk
+    chunk = [(prefill, prefill.todo[:size], False)] if prefill else []
     plan.n_direct = sum(len(rows) for _, rows, _ in decoding)
     for req, rows, decodes in decoding + chunk:
         start, first, n = len(req.slot.history), len(plan.tokens), len(rows)

@@ -8,9 +8,10 @@ clamped SwiGLU (``ExpertExtras``).
 Batched routing: in a step, each distinct expert is fetched from the ``ExpertStore`` once and
 applied once, to all the rows routed to it (gathered, decode rows first so the sub-batch takes the
 same decode/prompt split as the step; see ``qmatmul``). Each (row, rank) pair's output lands in its
-own row of the pairs' outputs, and a row's outputs are summed in the row's own top-k rank order
-afterwards: the rounding of the sum depends on the row alone, never on which other rows are in the
-step or in what order the experts ran.
+own row of the pairs' outputs, and a row's outputs are summed in the order of its experts' ids
+(``sum_pairs``), whatever runs of experts computed them: the rounding of the sum depends on the row
+alone, never on which other rows are in the step, nor on the budget that kept its experts resident
+or streamed them.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ _NO_SHARED = FFN(EMPTY_WEIGHT, EMPTY_WEIGHT)
 _DECAY = np.float32(HEAT_DECAY)
 
 _JIT = dict(nogil=True, cache=True)
+# A step's routed pairs go through the experts' two products in runs of whole experts, at most
+# PAIRS_PER_CALL pairs a run (an expert with more is a run of its own): the float gate/up rows
+# (2 n_ff floats a pair, 6 KB on a 768-wide expert) and the quantized inputs are a run's, not the
+# step's: a 512-token step of a top-8 qwen3moe layer held 4,096 pairs' worth, 29 MB, where a
+# 128-token step's 1,024 fit in 7. Each expert's weights are still read once a step.
+PAIRS_PER_CALL = 1024
 
 
 class ExpertExtras(NamedTuple):
@@ -139,9 +146,9 @@ def _gather(x: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 @nb.njit(**_JIT)
-def _quantized_pairs(h: np.ndarray, d_rows: np.ndarray, per: int) -> tuple[np.ndarray, ...]:
-    """``quantize_rows(h[d_rows])``: each distinct row quantized once (a row's quants depend on the
-    row alone), then copied per pair; an expert applied alone quantizes its own rows only."""
+def _quantized_rows(h: np.ndarray, d_rows: np.ndarray, per: int) -> tuple[np.ndarray, ...]:
+    """The distinct rows of ``h[d_rows]`` quantized once each (a row's quants depend on the row
+    alone), and for each pair its row's index among them: ``_gather`` makes the pairs' inputs."""
     unique = np.full(h.shape[0], -1, np.int64)
     n_u = 0
     for j in range(d_rows.shape[0]):
@@ -156,7 +163,7 @@ def _quantized_pairs(h: np.ndarray, d_rows: np.ndarray, per: int) -> tuple[np.nd
     for j in range(d_rows.shape[0]):
         pair_u[j] = unique[d_rows[j]]
     xq, dx, sx = quantize_rows(_gather(h, u_rows), per, EXPERT_LEVELS)
-    return _gather(xq, pair_u), _gather(dx, pair_u), _gather(sx, pair_u)
+    return xq, dx, sx, pair_u
 
 
 @nb.njit(parallel=True, **_JIT)
@@ -227,6 +234,17 @@ def _int8_experts(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, pool: ExpertWe
 
 
 @nb.njit(**_JIT)
+def _int8_run(h: np.ndarray, pool: ExpertWeights, n_slots: int, slots: np.ndarray, starts: np.ndarray,
+              rows: np.ndarray, y: np.ndarray, ids: np.ndarray, ex: ExpertExtras) -> None:
+    """Packed experts ``slots`` on their pairs ``starts[0]:starts[-1]``, into ``y``'s rows (the
+    run's own: ``y[j - starts[0]]``)."""
+    lo, hi = starts[0], starts[-1]
+    xq, dx, sx, pair_u = _quantized_rows(h, rows[lo:hi], _block_values(pool, h))
+    _int8_experts(_gather(xq, pair_u), _gather(dx, pair_u), _gather(sx, pair_u), pool, n_slots, slots,
+                  starts - lo, y, ids, ex)
+
+
+@nb.njit(**_JIT)
 def _float_expert(x: np.ndarray, f: FFN, n_direct: int, out: np.ndarray, e: int, ex: ExpertExtras) -> None:
     """An expert of another kind (float, the file's blocks): ``swiglu_ffn``, or with expert
     ``e``'s biases and the clamped SwiGLU where ``ex`` has them."""
@@ -259,9 +277,7 @@ def apply_experts(
     expert through ``swiglu_ffn``, as in a dense layer (rows ascending: decode rows, those below
     ``n_direct``, first)."""
     if _int8_ffn(pool):
-        lo, hi = starts[0], starts[-1]
-        xq, dx, sx = _quantized_pairs(h, rows[lo:hi], _block_values(pool, h))
-        _int8_experts(xq, dx, sx, pool, n_slots, slots, starts - lo, y[lo:hi], ids, ex)
+        _int8_run(h, pool, n_slots, slots, starts, rows, y[starts[0] : starts[-1]], ids, ex)
         return
     for i in range(slots.shape[0]):
         a, b = starts[i], starts[i + 1]
@@ -276,23 +292,59 @@ def apply_experts(
 
 
 @nb.njit(**_JIT)
-def _combine_row(y: np.ndarray, pair: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
-    for i in range(out.shape[0]):
-        acc = weights[0] * y[pair[0], i]
-        for r in range(1, pair.shape[0]):
-            acc += weights[r] * y[pair[r], i]
-        out[i] = acc
+def _sum_row(y: np.ndarray, lo: int, hi: int, pair: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
+    first, prev = pair.min(), -1
+    for _ in range(pair.shape[0]):  # the row's pairs in lo:hi, ascending (k is small: a scan each)
+        r_min, p_min = -1, hi
+        for r in range(pair.shape[0]):
+            if lo <= pair[r] < p_min and pair[r] > prev:
+                r_min, p_min = r, pair[r]
+        if r_min < 0:
+            return
+        prev, w, src = p_min, weights[r_min], y[p_min - lo]
+        if p_min == first:
+            for i in range(out.shape[0]):
+                out[i] = w * src[i]
+        else:
+            for i in range(out.shape[0]):
+                out[i] += w * src[i]
 
 
 @nb.njit(parallel=True, **_JIT)
-def combine(y: np.ndarray, pair: np.ndarray, weights: np.ndarray, out: np.ndarray) -> None:
-    """``out[t] = sum_r weights[t, r] * y[pair[t, r]]``, summed in rank order; a prompt's rows in
-    one parallel region (a decode row alone needs none)."""
+def sum_pairs(y: np.ndarray, lo: int, hi: int, pair: np.ndarray, weights: np.ndarray,
+              out: np.ndarray) -> None:
+    """``out[t] += weights[t, r] * y[pair[t, r] - lo]`` for row t's pairs in ``lo:hi`` (``y``'s
+    rows), in ascending pair order, its first pair's setting ``out[t]``: called over runs of the
+    pairs from the first on, each row is summed in its experts' order (``by_expert``), whatever
+    the runs; a prompt's rows in one parallel region (a decode row alone needs none)."""
     if out.shape[0] == 1:
-        _combine_row(y, pair[0], weights[0], out[0])
+        _sum_row(y, lo, hi, pair[0], weights[0], out[0])
         return
     for t in nb.prange(out.shape[0]):
-        _combine_row(y, pair[t], weights[t], out[t])
+        _sum_row(y, lo, hi, pair[t], weights[t], out[t])
+
+
+@nb.njit(**_JIT)
+def _resident_experts(h: np.ndarray, n_direct: int, pool: ExpertWeights, n_slots: int, experts: np.ndarray,
+                      starts: np.ndarray, rows: np.ndarray, pair: np.ndarray, weights: np.ndarray,
+                      out: np.ndarray, ex: ExpertExtras) -> None:
+    """A resident layer's experts on their pairs, summed into ``out`` (``sum_pairs``): packed ones
+    in runs of whole experts of PAIRS_PER_CALL pairs at most, each run summed before the next is
+    computed (its outputs and inputs are the run's); the others at once (``apply_experts``)."""
+    if not _int8_ffn(pool):
+        y = np.empty((starts[-1], h.shape[1]), np.float32)
+        apply_experts(h, n_direct, pool, n_slots, experts, starts, rows, y, experts, ex)
+        sum_pairs(y, np.int64(0), starts[-1], pair, weights, out)
+        return
+    n, i = experts.shape[0], 0
+    while i < n:
+        j = i + 1
+        while j < n and starts[j + 1] - starts[i] <= PAIRS_PER_CALL:
+            j += 1
+        y = np.empty((starts[j] - starts[i], h.shape[1]), np.float32)
+        _int8_run(h, pool, n_slots, experts[i:j], starts[i : j + 1], rows, y, experts[i:j], ex)
+        sum_pairs(y, starts[i], starts[j], pair, weights, out)
+        i = j
 
 
 @nb.njit(**_JIT)
@@ -340,9 +392,7 @@ def resident_ffn(
     route_rows(h, router, ex.router_bias, bias, rule, ids, weights)
     experts, starts, rows, pair = by_expert(ids, router.shape[0])
     note_routing(heat, hits, experts, decay)
-    y = np.empty((t_rows * k, h.shape[1]), np.float32)
-    apply_experts(h, n_direct, pool, router.shape[0], experts, starts, rows, y, experts, ex)
-    combine(y, pair, weights, out)
+    _resident_experts(h, n_direct, pool, router.shape[0], experts, starts, rows, pair, weights, out, ex)
     if shared.down.n_rows > 0:
         add_shared_expert(h, shared, shared_gate, n_direct, out)
     return experts.shape[0]
@@ -407,7 +457,7 @@ class MoEFFN:
             apply_experts(h, n_direct, weights_e, 1, _SLOT_0, starts[i : i + 2], rows, y, experts[i : i + 1],
                           self.extras)
             self.store.note_compute(time.perf_counter() - start)
-        combine(y, pair, weights, out)
+        sum_pairs(y, 0, t_rows * k, pair, weights, out)
         if self.shared is not None:
             add_shared_expert(h, self.shared, self.shared_gate, n_direct, out)
         return out
