@@ -22,12 +22,12 @@ from colibri.convert.writer import convert
 from colibri.model.generate import SingleSequence
 from colibri.model.kv_cache import KVCache
 from colibri.model.loader import Model
-from colibri.model.network.moe import by_expert
 from colibri.model.network.routing import (
     GATING_SIGMOID,
     GATING_SOFTMAX,
     GATING_SOFTMAX_WEIGHT,
     Routing,
+    by_expert,
     route,
 )
 from colibri.store.packed import KIND_Q5, KIND_Q8

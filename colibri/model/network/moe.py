@@ -40,7 +40,7 @@ from colibri.model.kernels.ops import (
 from colibri.model.kernels.quant_matmul import qmatmul
 from colibri.model.network.entry import Entry
 from colibri.model.network.layers import FFN, load_ffn, swiglu_ffn
-from colibri.model.network.routing import Routing, check_routing, route_rows
+from colibri.model.network.routing import Routing, by_expert, check_routing, route_rows
 from colibri.model.network.weights import load_matrix, optional_vector
 from colibri.store.experts import HEAT_DECAY, ExpertStore, ExpertWeights, note_routing
 from colibri.store.gguf import GGUFError, GGUFFile
@@ -89,43 +89,6 @@ def _int8_ffn(f: FFN) -> bool:
 def _block_values(f: FFN, h: np.ndarray) -> int:
     """Values per weight block of ``f``'s gate/up, which its rows are quantized by: 32, or Q6's 16."""
     return h.shape[1] // f.gate_up.q.shape[1]
-
-
-@nb.njit(**_JIT)
-def by_expert(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Group the (row, rank) pairs by expert: ``experts`` (the distinct ones, ascending), and for
-    the i-th, its pairs ``starts[i]:starts[i+1]``, their rows ``rows[...]`` ascending (so the
-    step's decode rows, which come first, come first in every expert's sub-batch); ``pair[t, r]``
-    is the pair of row t's rank r."""
-    t_rows, k = ids.shape
-    count = np.zeros(n_expert + 1, np.int64)
-    for t in range(t_rows):
-        for r in range(k):
-            count[ids[t, r] + 1] += 1
-    n_distinct = 0
-    for e in range(n_expert):
-        if count[e + 1] > 0:
-            n_distinct += 1
-        count[e + 1] += count[e]  # now count[e] = first slot of expert e
-    experts = np.empty(n_distinct, np.int64)
-    starts = np.empty(n_distinct + 1, np.int64)
-    i = 0
-    for e in range(n_expert):
-        if count[e + 1] > count[e]:
-            experts[i] = e
-            starts[i] = count[e]
-            i += 1
-    starts[n_distinct] = t_rows * k
-    fill = count[:n_expert].copy()
-    rows = np.empty(t_rows * k, np.int64)
-    pair = np.empty((t_rows, k), np.int64)
-    for t in range(t_rows):
-        for r in range(k):
-            e = ids[t, r]
-            rows[fill[e]] = t
-            pair[t, r] = fill[e]
-            fill[e] += 1
-    return experts, starts, rows, pair
 
 
 # -- applying experts ------------------------------------------------------------------------------
@@ -234,14 +197,14 @@ def _int8_experts(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, pool: ExpertWe
 
 
 @nb.njit(**_JIT)
-def _int8_run(h: np.ndarray, pool: ExpertWeights, n_slots: int, slots: np.ndarray, starts: np.ndarray,
-              rows: np.ndarray, y: np.ndarray, ids: np.ndarray, ex: ExpertExtras) -> None:
-    """Packed experts ``slots`` on their pairs ``starts[0]:starts[-1]``, into ``y``'s rows (the
-    run's own: ``y[j - starts[0]]``)."""
-    lo, hi = starts[0], starts[-1]
-    xq, dx, sx, pair_u = _quantized_rows(h, rows[lo:hi], _block_values(pool, h))
-    _int8_experts(_gather(xq, pair_u), _gather(dx, pair_u), _gather(sx, pair_u), pool, n_slots, slots,
-                  starts - lo, y, ids, ex)
+def _int8_run(q: tuple[np.ndarray, np.ndarray, np.ndarray], at: np.ndarray, pool: ExpertWeights,
+              n_slots: int, slots: np.ndarray, starts: np.ndarray, y: np.ndarray, ids: np.ndarray,
+              ex: ExpertExtras) -> None:
+    """Packed experts ``slots`` on their pairs ``starts[0]:starts[-1]``, whose inputs are rows ``at``
+    of the quantized rows ``q`` (``_quantized_rows``'), into ``y``'s rows (the run's own)."""
+    xq, dx, sx = q
+    _int8_experts(_gather(xq, at), _gather(dx, at), _gather(sx, at), pool, n_slots, slots,
+                  starts - starts[0], y, ids, ex)
 
 
 @nb.njit(**_JIT)
@@ -277,7 +240,9 @@ def apply_experts(
     expert through ``swiglu_ffn``, as in a dense layer (rows ascending: decode rows, those below
     ``n_direct``, first)."""
     if _int8_ffn(pool):
-        _int8_run(h, pool, n_slots, slots, starts, rows, y[starts[0] : starts[-1]], ids, ex)
+        lo, hi = starts[0], starts[-1]
+        xq, dx, sx, at = _quantized_rows(h, rows[lo:hi], _block_values(pool, h))
+        _int8_run((xq, dx, sx), at, pool, n_slots, slots, starts, y[lo:hi], ids, ex)
         return
     for i in range(slots.shape[0]):
         a, b = starts[i], starts[i + 1]
@@ -336,13 +301,15 @@ def _resident_experts(h: np.ndarray, n_direct: int, pool: ExpertWeights, n_slots
         apply_experts(h, n_direct, pool, n_slots, experts, starts, rows, y, experts, ex)
         sum_pairs(y, np.int64(0), starts[-1], pair, weights, out)
         return
+    xq, dx, sx, at = _quantized_rows(h, rows, _block_values(pool, h))  # every row once a step
     n, i = experts.shape[0], 0
     while i < n:
         j = i + 1
         while j < n and starts[j + 1] - starts[i] <= PAIRS_PER_CALL:
             j += 1
         y = np.empty((starts[j] - starts[i], h.shape[1]), np.float32)
-        _int8_run(h, pool, n_slots, experts[i:j], starts[i : j + 1], rows, y, experts[i:j], ex)
+        _int8_run((xq, dx, sx), at[starts[i] : starts[j]], pool, n_slots, experts[i:j], starts[i : j + 1], y,
+                  experts[i:j], ex)
         sum_pairs(y, starts[i], starts[j], pair, weights, out)
         i = j
 

@@ -12,7 +12,8 @@ The gating styles (llama.cpp's ``expert_gating_func``; see ``docs/architecture.m
   softmax over those k alone.
 
 Every row is routed on its own (``router_logits`` computes each logit alone, no BLAS), so a row's
-experts never depend on the other rows of the step.
+experts never depend on the other rows of the step. ``by_expert`` groups a step's (row, rank) pairs
+by expert, for the experts' batched application (``moe.py``).
 """
 
 from __future__ import annotations
@@ -190,3 +191,40 @@ def check_routing(gguf: GGUFFile, layer: int, rule: Routing, router: np.ndarray,
         if rule.k > rule.topk_group * (n_expert // rule.n_group):
             raise GGUFError(f"{where} top-{rule.k} cannot be taken from {rule.topk_group} groups of "
                             f"{n_expert // rule.n_group}")
+
+
+@nb.njit(**_JIT)
+def by_expert(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Group the (row, rank) pairs by expert: ``experts`` (the distinct ones, ascending), and for
+    the i-th, its pairs ``starts[i]:starts[i+1]``, their rows ``rows[...]`` ascending (so the
+    step's decode rows, which come first, come first in every expert's sub-batch); ``pair[t, r]``
+    is the pair of row t's rank r."""
+    t_rows, k = ids.shape
+    count = np.zeros(n_expert + 1, np.int64)
+    for t in range(t_rows):
+        for r in range(k):
+            count[ids[t, r] + 1] += 1
+    n_distinct = 0
+    for e in range(n_expert):
+        if count[e + 1] > 0:
+            n_distinct += 1
+        count[e + 1] += count[e]  # now count[e] = first slot of expert e
+    experts = np.empty(n_distinct, np.int64)
+    starts = np.empty(n_distinct + 1, np.int64)
+    i = 0
+    for e in range(n_expert):
+        if count[e + 1] > count[e]:
+            experts[i] = e
+            starts[i] = count[e]
+            i += 1
+    starts[n_distinct] = t_rows * k
+    fill = count[:n_expert].copy()
+    rows = np.empty(t_rows * k, np.int64)
+    pair = np.empty((t_rows, k), np.int64)
+    for t in range(t_rows):
+        for r in range(k):
+            e = ids[t, r]
+            rows[fill[e]] = t
+            pair[t, r] = fill[e]
+            fill[e] += 1
+    return experts, starts, rows, pair
