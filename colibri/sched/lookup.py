@@ -140,8 +140,10 @@ class NgramDrafter:
         if limit <= 0:
             return [], 0
         draft, agreed = self._raw.find(limit)
-        if self._joined is not None and agreed < AGREEMENT_MAX:
-            joined, joined_agreed = self._joined.find(limit)
+        view = self._joined
+        # (a view with no line joined is the tokens as they are: it can agree over no more of them)
+        if view is not None and agreed < AGREEMENT_MAX and len(view.tokens) < len(self.tokens):
+            joined, joined_agreed = view.find(limit)
             starts = self._starts
             if joined_agreed and len(self.tokens) - starts[len(starts) - joined_agreed] > agreed:
                 return joined, joined_agreed
