@@ -54,11 +54,12 @@ def test_each_expert_on_its_rows_is_the_product_on_one_level(gtype: GGMLType):
     weight, refs = stacked_experts(rng, gtype)
     assert weight.kind == KINDS[gtype]
     per = K // weight.q.shape[1]  # values per weight block: 32, or Q6's 16
-    x = rng.standard_normal((13, K)).astype(np.float32)
-    slots, starts = [2, 0, 1], [0, 5, 6, 13]  # a prompt's rows for expert 2, one row for 0, the rest for 1
+    x = rng.standard_normal((22, K)).astype(np.float32)
+    # a prompt's rows for expert 2 (a tile of eight and one), one row for 0, the rest for 1 (eight, four)
+    slots, starts = [2, 0, 1], [0, 9, 10, 22]
     out = expert_rows(x, weight, per, slots, starts)
     xq, dx, _ = quantize_rows(x, per, EXPERT_LEVELS)
-    seen = (xq[:, 0].astype(np.float64).reshape(13, -1, per) * dx[:, 0, :, None]).reshape(13, K)
+    seen = (xq[:, 0].astype(np.float64).reshape(22, -1, per) * dx[:, 0, :, None]).reshape(22, K)
     for i, e in enumerate(slots):
         rows = slice(starts[i], starts[i + 1])
         ref = seen[rows] @ refs[e].T
@@ -71,9 +72,10 @@ def test_a_row_gives_the_same_bits_alone_or_among_other_rows_and_experts(gtype: 
     rng = np.random.default_rng(int(gtype) + 29)
     weight, _ = stacked_experts(rng, gtype)
     per = K // weight.q.shape[1]
-    x = rng.standard_normal((9, K)).astype(np.float32)
-    together = expert_rows(x, weight, per, [1, 2, 0], [0, 4, 5, 9])  # four rows take _four_blocks
-    for e, a, b in [(1, 0, 4), (2, 4, 5), (0, 5, 9)]:
+    x = rng.standard_normal((22, K)).astype(np.float32)
+    # expert 1's 13 rows take a tile of eight, one of four and one row; expert 0's 8 one tile
+    together = expert_rows(x, weight, per, [1, 2, 0], [0, 13, 14, 22])
+    for e, a, b in [(1, 0, 13), (2, 13, 14), (0, 14, 22)]:
         for t in range(a, b):
             alone = expert_rows(x[t : t + 1], weight, per, [e], [0, 1])
             np.testing.assert_array_equal(alone[0], together[t], err_msg=f"{gtype.name} expert {e} row {t}")

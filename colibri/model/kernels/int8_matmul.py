@@ -22,9 +22,9 @@ products would wait on each one's latency.
 
 In the packed layout (``colibri.store.packed``) the 4 bytes of a 32-bit lane are four consecutive
 quants of one weight row and a vector's 16 lanes are 16 rows: a block needs no horizontal sum,
-and each weight vector is loaded and split into nibbles once for four activation rows. Every
-row's sums take the same steps whatever the number of rows, so its result is bitwise the same
-alone or batched.
+and each weight vector is loaded and split into nibbles once for four activation rows, eight at
+one level (``int8_tiles``). Every row's sums take the same steps whatever the number of rows, so
+its result is bitwise the same alone or batched.
 """
 
 from __future__ import annotations
@@ -32,21 +32,13 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
+from colibri.model.kernels.int8_tiles import QUAD_BYTES, eight_blocks, four_blocks, row_block
 from colibri.model.kernels.simd import (
     LANES,
     add_int,
-    dpbusd,
     fma_float,
-    high_fives,
-    high_nibbles,
-    high_sixes,
-    load_bytes,
     load_i8_floats,
-    load_quad,
     load_widened,
-    low_fives,
-    low_nibbles,
-    low_sixes,
     mul_float,
     splat_float,
     splat_int,
@@ -65,18 +57,16 @@ from colibri.store.packed import (
     OFFSET_Q5,
     OFFSET_Q6,
     OFFSET_Q8,
-    Q5_BYTES,
-    Q6_BYTES,
-    QUAD,
     Weight,
     slot,
 )
 
-# Activation rows sharing one load of a weight vector: 4 rows keep 8 integer (a sum per level)
-# and 4 float accumulators, the weights and their nibbles in registers (32 on AVX-512).
-ROWS = 4
-# Bytes of a packed block's quad p, across a group's rows: GROUP rows x 4 bytes.
-QUAD_BYTES = 4 * GROUP
+# Activation rows sharing one load of a weight vector: at two levels 4 rows keep 8 integer (a sum
+# per level) and 4 float accumulators, the weights and their nibbles in registers (32 on AVX-512);
+# at one level 8 rows keep 8 and 8. Eight rows split each weight vector into bytes and scale each
+# block's weights once for twice the dot products: a prompt's Q4_K expert products ran 14-23%
+# faster, Q6_K's 18-34% (docs/performance.md).
+ROWS, ROWS_ONE_LEVEL = 4, 8
 # The fixed offsets of Q4_0 and Q8_0 (m = OFFSET d) as integers: applied in the integer sum.
 _OFF_Q4, _OFF_Q5, _OFF_Q6, _OFF_Q8 = int(OFFSET_Q4), int(OFFSET_Q5), int(OFFSET_Q6), int(OFFSET_Q8)
 assert _OFF_Q4 == OFFSET_Q4 and _OFF_Q5 == OFFSET_Q5 and _OFF_Q6 == OFFSET_Q6 and _OFF_Q8 == OFFSET_Q8
@@ -146,24 +136,43 @@ def _level(acc, isum, dw, dl: float):  # noqa: ANN001, ANN202
 
 
 @nb.njit(inline="always", **KERNEL)
-def _scaled(acc, i1, i2, dw, mw, stored_m: bool, dx: np.ndarray, sx: np.ndarray, t: int, b: int,  # noqa: ANN001, ANN202
-            off: int, two: bool):
+def _scaled(acc, i1, i2, dw, mw, stored_m: bool, dx: np.ndarray, sx: np.ndarray, xs: np.ndarray,  # noqa: ANN001, ANN202
+            t: int, b: int, off: int, two: bool):
     """``acc`` plus one block's integer sums of row ``t``, one per level, scaled by the block's
     weight scales ``dw`` and offsets ``mw``: ``d dl (il + off sl)`` per level l where the offset is
-    derived (not ``stored_m``), else ``d dl il`` per level and ``m (d1 s1 + d2 s2)``."""
+    derived (not ``stored_m``), else ``d dl il`` per level and ``m xs`` (``offset_terms``)."""
     if not two:  # one level: its sum split in two (``_dot_halves``)
-        i1 = add_int(i1, i2)
+        return _scaled_one(acc, add_int(i1, i2), dw, mw, stored_m, dx, sx, xs, t, b, off)
     if not stored_m:
         acc = _level(acc, add_int(i1, splat_int(off * sx[t, 0, b])), dw, dx[t, 0, b])
-        if not two:
-            return acc
         return _level(acc, add_int(i2, splat_int(off * sx[t, 1, b])), dw, dx[t, 1, b])
-    if not two:
-        acc = _level(acc, i1, dw, dx[t, 0, b])
-        return fma_float(mw, splat_float(dx[t, 0, b] * np.float32(sx[t, 0, b])), acc)
     acc = _level(_level(acc, i1, dw, dx[t, 0, b]), i2, dw, dx[t, 1, b])
-    xsum = dx[t, 0, b] * np.float32(sx[t, 0, b]) + dx[t, 1, b] * np.float32(sx[t, 1, b])
-    return fma_float(mw, splat_float(xsum), acc)
+    return fma_float(mw, splat_float(xs[t, b]), acc)
+
+
+@nb.njit(inline="always", **KERNEL)
+def _scaled_one(acc, i, dw, mw, stored_m: bool, dx: np.ndarray, sx: np.ndarray, xs: np.ndarray,  # noqa: ANN001, ANN202
+                t: int, b: int, off: int):
+    """``_scaled`` at one level, its sum ``i`` whole."""
+    if not stored_m:
+        return _level(acc, add_int(i, splat_int(off * sx[t, 0, b])), dw, dx[t, 0, b])
+    return fma_float(mw, splat_float(xs[t, b]), _level(acc, i, dw, dx[t, 0, b]))
+
+
+@nb.njit(**KERNEL)
+def offset_terms(dx: np.ndarray, sx: np.ndarray) -> np.ndarray:
+    """``xs[t, b] = d1 s1 (+ d2 s2)``: each row's factor of a block's stored offsets (K-quants'
+    mins), once a call, where the scaling multiplied it out for every weight vector (a scalar
+    multiply and conversion per block and row, on the float pipes the dot products need)."""
+    t_rows, levels, n_blocks = dx.shape
+    xs = np.empty((t_rows, n_blocks), np.float32)
+    for t in range(t_rows):
+        for b in range(n_blocks):
+            v = dx[t, 0, b] * np.float32(sx[t, 0, b])
+            if levels == 2:
+                v += dx[t, 1, b] * np.float32(sx[t, 1, b])
+            xs[t, b] = v
+    return xs
 
 
 @nb.njit(inline="always", **KERNEL)
@@ -183,135 +192,14 @@ def _scales(df, mf, sdf, smf, s: int, at: int, stored_m: bool, subbed: bool):  #
 
 
 @nb.njit(inline="always", **KERNEL)
-def _dot(i1, i2, w, xqf, at: int, k: int, two: bool):  # noqa: ANN001, ANN202
-    """Each level's sum plus one weight vector times that level's activation quad at ``at``
-    (levels ``k`` bytes apart); ``i2`` as it is with one level."""
-    i1 = dpbusd(i1, w, load_quad(xqf, at))
-    return i1, dpbusd(i2, w, load_quad(xqf, at + k)) if two else i2
-
-
-@nb.njit(inline="always", **KERNEL)
-def _dot_halves(i1, i2, lo, hi, xqf, at: int, ah: int, k: int, two: bool):  # noqa: ANN001, ANN202
-    """A quad's two weight vectors ``lo`` and ``hi`` (activations at ``at`` and ``ah``): with two
-    levels each into both levels' sums; with one, ``lo`` into ``i1`` and ``hi`` into ``i2`` (summed
-    in ``_scaled``: two chains of dot products, where one would wait on each one's latency)."""
-    if two:
-        i1, i2 = _dot(i1, i2, lo, xqf, at, k, two)
-        return _dot(i1, i2, hi, xqf, ah, k, two)
-    return dpbusd(i1, lo, load_quad(xqf, at)), dpbusd(i2, hi, load_quad(xqf, ah))
-
-
-@nb.njit(inline="always", **KERNEL)
-def _halves(v, h, p: int, bits: int):  # noqa: ANN001, ANN202
-    """The quants of weight vector ``v`` (quad ``p`` of a block) as bytes: Q4's low and high
-    nibbles (quants 4p.. and 16 + 4p..), Q5's with their fifth bits from ``h``, Q6's (quants 4p..
-    and 8 + 4p.. of 16) with their two high bits from ``h``."""
-    if bits == 5:
-        return low_fives(v, h, p), high_fives(v, h, p)
-    if bits == 6:
-        return low_sixes(v, h, p), high_sixes(v, h, p)
-    return low_nibbles(v), high_nibbles(v)
-
-
-@nb.njit(inline="always", **KERNEL)
-def _half_values(bits: int) -> int:
-    """Values of a block's first half, whose quants are the low nibbles: Q6's blocks are of 16."""
-    return 8 if bits == 6 else BLOCK // 2
-
-
-@nb.njit(inline="always", **KERNEL)
-def _row_block_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int, two: bool):  # noqa: ANN001, ANN202
-    """One block of one activation row against a group's 32 weight rows, two vectors of 16: each
-    level's integer sum per vector, from zero sums ``z``. Both vectors take the same steps as in
-    ``_four_blocks``; here they share the activation loads and read the group's bytes in order.
-    ``bits``: 4, 5 or 6 (two quants a byte, Q5's fifth bits or Q6's high bits in the block's last
-    quad) or 8."""
-    a1 = a2 = c1 = c2 = z
-    hv = hu = z
-    planed = bits == 5 or bits == 6  # the high bits in the block's last quad
-    if planed:
-        hv = load_bytes(qf, base + (quads - 1) * QUAD_BYTES)
-        hu = load_bytes(qf, base + (quads - 1) * QUAD_BYTES + 4 * LANES)
-    for p in range(quads - 1 if planed else quads):
-        v = load_bytes(qf, base + p * QUAD_BYTES)
-        u = load_bytes(qf, base + p * QUAD_BYTES + 4 * LANES)
-        if bits != 8:
-            at, ah = x0 + 4 * p, x0 + _half_values(bits) + 4 * p
-            lo, hi = _halves(v, hv, p, bits)
-            a1, a2 = _dot_halves(a1, a2, lo, hi, xqf, at, ah, k, two)
-            lo, hi = _halves(u, hu, p, bits)
-            c1, c2 = _dot_halves(c1, c2, lo, hi, xqf, at, ah, k, two)
-        else:
-            a1, a2 = _dot(a1, a2, v, xqf, x0 + 4 * p, k, two)
-            c1, c2 = _dot(c1, c2, u, xqf, x0 + 4 * p, k, two)
-    return a1, a2, c1, c2
-
-
-# Q5's (and Q6's) loops in a copy of their own, its width and its quads per block constants: the quad
-# loop then unrolls and the fifth bits' shifts (by the quad's index) become immediates, where a
-# run-time width kept a test, a variable shift and the masks' loads in every quad. The default
-# model's Q4_K_M (mostly Q5_0 where its rows of 576 take no K-quant) decodes 10% faster at one
-# row and 6% at 16 (docs/performance.md); Q4's and Q8's copies (tried) gave nothing measurable
-# and cost compile time, so they keep the shared loop.
-Q5_QUADS = Q5_BYTES // QUAD
-Q6_QUADS = Q6_BYTES // QUAD
-
-
-@nb.njit(inline="always", **KERNEL)
-def _row_block(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int, two: bool):  # noqa: ANN001, ANN202
-    """``_row_block_of``, Q5's and Q6's copies with their widths and quads constants."""
-    if bits == 5:
-        return _row_block_of(z, qf, base, Q5_QUADS, xqf, x0, k, 5, two)
-    if bits == 6:
-        return _row_block_of(z, qf, base, Q6_QUADS, xqf, x0, k, 6, two)
-    return _row_block_of(z, qf, base, quads, xqf, x0, k, bits, two)
-
-
-@nb.njit(inline="always", **KERNEL)
-def _four_blocks_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int, two: bool):  # noqa: ANN001, ANN202
-    """``_row_block`` for four activation rows (``levels k`` apart in ``xqf``), each weight vector
-    loaded and split once. Each row's sums take ``_row_block``'s steps."""
-    a1 = a2 = b1 = b2 = c1 = c2 = e1 = e2 = z
-    r = (2 if two else 1) * k
-    planed = bits == 5 or bits == 6
-    h = load_bytes(qf, base + (quads - 1) * QUAD_BYTES) if planed else z
-    for p in range(quads - 1 if planed else quads):
-        v = load_bytes(qf, base + p * QUAD_BYTES)
-        if bits != 8:
-            lo, hi = _halves(v, h, p, bits)
-            at, ah = x0 + 4 * p, x0 + _half_values(bits) + 4 * p
-            a1, a2 = _dot_halves(a1, a2, lo, hi, xqf, at, ah, k, two)
-            b1, b2 = _dot_halves(b1, b2, lo, hi, xqf, at + r, ah + r, k, two)
-            c1, c2 = _dot_halves(c1, c2, lo, hi, xqf, at + 2 * r, ah + 2 * r, k, two)
-            e1, e2 = _dot_halves(e1, e2, lo, hi, xqf, at + 3 * r, ah + 3 * r, k, two)
-        else:
-            at = x0 + 4 * p
-            a1, a2 = _dot(a1, a2, v, xqf, at, k, two)
-            b1, b2 = _dot(b1, b2, v, xqf, at + r, k, two)
-            c1, c2 = _dot(c1, c2, v, xqf, at + 2 * r, k, two)
-            e1, e2 = _dot(e1, e2, v, xqf, at + 3 * r, k, two)
-    return a1, a2, b1, b2, c1, c2, e1, e2
-
-
-@nb.njit(inline="always", **KERNEL)
-def _four_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int, two: bool):  # noqa: ANN001, ANN202
-    """``_four_blocks_of``, Q5's and Q6's copies with their widths and quads constants."""
-    if bits == 5:
-        return _four_blocks_of(z, qf, base, Q5_QUADS, xqf, x0, k, 5, two)
-    if bits == 6:
-        return _four_blocks_of(z, qf, base, Q6_QUADS, xqf, x0, k, 6, two)
-    return _four_blocks_of(z, qf, base, quads, xqf, x0, k, bits, two)
-
-
-@nb.njit(inline="always", **KERNEL)
-def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, out: np.ndarray,
-           ds: np.ndarray, ms: np.ndarray, two: bool) -> None:
-    """Rows ``GROUP g ..`` of W against every activation row: four rows at a time, one vector of
-    16 weight rows after the other, then the rest of the rows one at a time, both vectors at once.
-    ``ds``, ``ms``: scales and offsets, float32 or halves; ``two``: two levels (an entry's constant).
-    One copy of the loops for every kind, its bit width decided at run time (a copy per kind
-    made 16 rows 12% faster but compiled 3.5-4x slower), but Q5's and Q6's block loops (``Q5_QUADS``,
-    ``Q6_QUADS``)."""
+def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, xs: np.ndarray,
+           out: np.ndarray, ds: np.ndarray, ms: np.ndarray, two: bool) -> None:
+    """Rows ``GROUP g ..`` of W against every activation row: eight rows at a time at one level,
+    then four, one vector of 16 weight rows after the other, then the rest of the rows one at a
+    time, both vectors at once (``int8_tiles``). ``ds``, ``ms``: scales and offsets, float32 or
+    halves; ``xs``: ``offset_terms``; ``two``: two levels (an entry's constant). One copy of the
+    loops for every kind, its bit width decided at run time (a copy per kind made 16 rows 12% faster
+    but compiled 3.5-4x slower), but Q5's and Q6's block loops (``int8_tiles.Q5_QUADS``)."""
     bits = 4 if w.kind == KIND_Q4 else 5 if w.kind == KIND_Q5 else 6 if w.kind == KIND_Q6 else 8
     off = _OFF_Q4 if bits == 4 else _OFF_Q5 if bits == 5 else _OFF_Q6 if bits == 6 else _OFF_Q8
     quads = w.q.shape[2]
@@ -329,6 +217,27 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
     r0, z = g * GROUP, zeros_int()
     n_lo, n_hi = min(LANES, w.n_rows - r0), min(LANES, w.n_rows - r0 - LANES)  # rows each vector writes
     t = 0
+    while not two and t + ROWS_ONE_LEVEL <= t_rows:
+        for lane0 in range(0, GROUP, LANES):
+            n_out = n_lo if lane0 == 0 else n_hi
+            a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zeros_float()
+            for b in range(n_blocks):
+                blk = g * n_blocks + b
+                s0, s1, s2, s3, s4, s5, s6, s7 = eight_blocks(
+                    z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, t * k + b * per, k, bits)
+                dw, mw = _scales(df, mf, sdf, smf, (g * n_sup + (b >> sup_shift)) * GROUP + lane0,
+                                 blk * GROUP + lane0, stored_m, subbed)
+                a0 = _scaled_one(a0, s0, dw, mw, stored_m, dx, sx, xs, t, b, off)
+                a1 = _scaled_one(a1, s1, dw, mw, stored_m, dx, sx, xs, t + 1, b, off)
+                a2 = _scaled_one(a2, s2, dw, mw, stored_m, dx, sx, xs, t + 2, b, off)
+                a3 = _scaled_one(a3, s3, dw, mw, stored_m, dx, sx, xs, t + 3, b, off)
+                a4 = _scaled_one(a4, s4, dw, mw, stored_m, dx, sx, xs, t + 4, b, off)
+                a5 = _scaled_one(a5, s5, dw, mw, stored_m, dx, sx, xs, t + 5, b, off)
+                a6 = _scaled_one(a6, s6, dw, mw, stored_m, dx, sx, xs, t + 6, b, off)
+                a7 = _scaled_one(a7, s7, dw, mw, stored_m, dx, sx, xs, t + 7, b, off)
+            for j, acc in enumerate((a0, a1, a2, a3, a4, a5, a6, a7)):
+                store_floats(out, t + j, r0 + lane0, acc, n_out)
+        t += ROWS_ONE_LEVEL
     while t + ROWS <= t_rows:
         for lane0 in range(0, GROUP, LANES):
             n_out = n_lo if lane0 == 0 else n_hi
@@ -336,15 +245,15 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
             for b in range(n_blocks):
                 blk = g * n_blocks + b
                 at = blk * GROUP + lane0
-                a1, a2, b1, b2, c1, c2, e1, e2 = _four_blocks(
+                a1, a2, b1, b2, c1, c2, e1, e2 = four_blocks(
                     z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, levels * t * k + b * per, k,
                     bits, two)
                 sa = (g * n_sup + (b >> sup_shift)) * GROUP + lane0
                 dw, mw = _scales(df, mf, sdf, smf, sa, at, stored_m, subbed)
-                a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, t, b, off, two)
-                b_ = _scaled(b_, b1, b2, dw, mw, stored_m, dx, sx, t + 1, b, off, two)
-                c = _scaled(c, c1, c2, dw, mw, stored_m, dx, sx, t + 2, b, off, two)
-                e = _scaled(e, e1, e2, dw, mw, stored_m, dx, sx, t + 3, b, off, two)
+                a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, xs, t, b, off, two)
+                b_ = _scaled(b_, b1, b2, dw, mw, stored_m, dx, sx, xs, t + 1, b, off, two)
+                c = _scaled(c, c1, c2, dw, mw, stored_m, dx, sx, xs, t + 2, b, off, two)
+                e = _scaled(e, e1, e2, dw, mw, stored_m, dx, sx, xs, t + 3, b, off, two)
             store_floats(out, t, r0 + lane0, a, n_out)
             store_floats(out, t + 1, r0 + lane0, b_, n_out)
             store_floats(out, t + 2, r0 + lane0, c, n_out)
@@ -354,13 +263,13 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, ou
         a, c = zeros_float(), zeros_float()
         for b in range(n_blocks):
             blk = g * n_blocks + b
-            a1, a2, c1, c2 = _row_block(z, qf, blk * quads * QUAD_BYTES, quads,
-                                        xqf, levels * t * k + b * per, k, bits, two)
+            a1, a2, c1, c2 = row_block(z, qf, blk * quads * QUAD_BYTES, quads,
+                                       xqf, levels * t * k + b * per, k, bits, two)
             at, sa = blk * GROUP, (g * n_sup + (b >> sup_shift)) * GROUP
             dw, mw = _scales(df, mf, sdf, smf, sa, at, stored_m, subbed)
             du, mu = _scales(df, mf, sdf, smf, sa + LANES, at + LANES, stored_m, subbed)
-            a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, t, b, off, two)
-            c = _scaled(c, c1, c2, du, mu, stored_m, dx, sx, t, b, off, two)
+            a = _scaled(a, a1, a2, dw, mw, stored_m, dx, sx, xs, t, b, off, two)
+            c = _scaled(c, c1, c2, du, mu, stored_m, dx, sx, xs, t, b, off, two)
         store_floats(out, t, r0, a, n_lo)
         store_floats(out, t, r0 + LANES, c, n_hi)
         t += 1
@@ -381,12 +290,13 @@ def int8_matmul(x: np.ndarray, w: Weight, out: np.ndarray) -> None:
     else:
         for t in nb.prange(t_rows):
             quantize_row(x[t], per, xq[t], dx[t], sx[t])
+    xs = offset_terms(dx, sx)
     if w.dh.size:  # one item: a group's 32 weight rows, all activation rows
         for g in nb.prange(w.q.shape[0]):
-            _group(w, g, xq, dx, sx, out, w.dh, w.mh, True)
+            _group(w, g, xq, dx, sx, xs, out, w.dh, w.mh, True)
     else:
         for g in nb.prange(w.q.shape[0]):
-            _group(w, g, xq, dx, sx, out, w.d, w.m, True)
+            _group(w, g, xq, dx, sx, xs, out, w.d, w.m, True)
 
 
 @nb.njit(parallel=True, **KERNEL)
@@ -444,6 +354,7 @@ def int8_matmul_slots(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, w: Weight,
     assert xq.shape[1] == EXPERT_LEVELS  # the loops below are compiled for that many
     n_groups = w.q.shape[0] // n_slots
     bounds = _runs(starts, n_groups)
+    xs = offset_terms(dx, sx)
     for run in nb.prange(RUNS):
         for item in range(bounds[run], bounds[run + 1]):
             i = item // n_groups
@@ -452,6 +363,6 @@ def int8_matmul_slots(xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, w: Weight,
             if b > a:
                 v = slot(w, slots[i], n_slots)
                 if v.dh.size:
-                    _group(v, g, xq[a:b], dx[a:b], sx[a:b], out[a:b], v.dh, v.mh, EXPERT_LEVELS == 2)
+                    _group(v, g, xq[a:b], dx[a:b], sx[a:b], xs[a:b], out[a:b], v.dh, v.mh, EXPERT_LEVELS == 2)
                 else:
-                    _group(v, g, xq[a:b], dx[a:b], sx[a:b], out[a:b], v.d, v.m, EXPERT_LEVELS == 2)
+                    _group(v, g, xq[a:b], dx[a:b], sx[a:b], xs[a:b], out[a:b], v.d, v.m, EXPERT_LEVELS == 2)
