@@ -61,12 +61,13 @@ from colibri.store.packed import (
     slot,
 )
 
-# Activation rows sharing one load of a weight vector: at two levels 4 rows keep 8 integer (a sum
-# per level) and 4 float accumulators, the weights and their nibbles in registers (32 on AVX-512);
-# at one level 8 rows keep 8 and 8. Eight rows split each weight vector into bytes and scale each
-# block's weights once for twice the dot products: a prompt's Q4_K expert products ran 14-23%
-# faster, Q6_K's 18-34% (docs/performance.md).
-ROWS, ROWS_ONE_LEVEL = 4, 8
+# Activation rows sharing one load of a weight vector (``int8_tiles``): a tile of 8 keeps 16
+# integer sums (one per row and level) and 8 float accumulators, the weights, their bytes and the
+# block's scales in the rest of AVX-512's 32 registers; the rows left over go 4, then 1 at a time.
+# Eight rows split each weight vector into bytes and scale each block's weights once for twice the
+# dot products of four: a prompt's Q4_K expert products (one level) ran 14-23% faster, Q6_K's
+# 18-34%, the attention's projections (two levels) 10-19% (docs/performance.md).
+TILE_ROWS, ROWS = 8, 4
 # The fixed offsets of Q4_0 and Q8_0 (m = OFFSET d) as integers: applied in the integer sum.
 _OFF_Q4, _OFF_Q5, _OFF_Q6, _OFF_Q8 = int(OFFSET_Q4), int(OFFSET_Q5), int(OFFSET_Q6), int(OFFSET_Q8)
 assert _OFF_Q4 == OFFSET_Q4 and _OFF_Q5 == OFFSET_Q5 and _OFF_Q6 == OFFSET_Q6 and _OFF_Q8 == OFFSET_Q8
@@ -194,9 +195,9 @@ def _scales(df, mf, sdf, smf, s: int, at: int, stored_m: bool, subbed: bool):  #
 @nb.njit(inline="always", **KERNEL)
 def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, xs: np.ndarray,
            out: np.ndarray, ds: np.ndarray, ms: np.ndarray, two: bool) -> None:
-    """Rows ``GROUP g ..`` of W against every activation row: eight rows at a time at one level,
-    then four, one vector of 16 weight rows after the other, then the rest of the rows one at a
-    time, both vectors at once (``int8_tiles``). ``ds``, ``ms``: scales and offsets, float32 or
+    """Rows ``GROUP g ..`` of W against every activation row: eight rows at a time, then four, one
+    vector of 16 weight rows after the other, then the rest of the rows one at a time, both vectors
+    at once (``int8_tiles``). ``ds``, ``ms``: scales and offsets, float32 or
     halves; ``xs``: ``offset_terms``; ``two``: two levels (an entry's constant). One copy of the
     loops for every kind, its bit width decided at run time (a copy per kind made 16 rows 12% faster
     but compiled 3.5-4x slower), but Q5's and Q6's block loops (``int8_tiles.Q5_QUADS``)."""
@@ -217,27 +218,28 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, xs
     r0, z = g * GROUP, zeros_int()
     n_lo, n_hi = min(LANES, w.n_rows - r0), min(LANES, w.n_rows - r0 - LANES)  # rows each vector writes
     t = 0
-    while not two and t + ROWS_ONE_LEVEL <= t_rows:
+    while t + TILE_ROWS <= t_rows:
         for lane0 in range(0, GROUP, LANES):
             n_out = n_lo if lane0 == 0 else n_hi
             a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = zeros_float()
             for b in range(n_blocks):
                 blk = g * n_blocks + b
-                s0, s1, s2, s3, s4, s5, s6, s7 = eight_blocks(
-                    z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, t * k + b * per, k, bits)
+                s0, s1, s2, s3, s4, s5, s6, s7, u0, u1, u2, u3, u4, u5, u6, u7 = eight_blocks(
+                    z, qf, blk * quads * QUAD_BYTES + 4 * lane0, quads, xqf, levels * t * k + b * per, k,
+                    bits, two)
                 dw, mw = _scales(df, mf, sdf, smf, (g * n_sup + (b >> sup_shift)) * GROUP + lane0,
                                  blk * GROUP + lane0, stored_m, subbed)
-                a0 = _scaled_one(a0, s0, dw, mw, stored_m, dx, sx, xs, t, b, off)
-                a1 = _scaled_one(a1, s1, dw, mw, stored_m, dx, sx, xs, t + 1, b, off)
-                a2 = _scaled_one(a2, s2, dw, mw, stored_m, dx, sx, xs, t + 2, b, off)
-                a3 = _scaled_one(a3, s3, dw, mw, stored_m, dx, sx, xs, t + 3, b, off)
-                a4 = _scaled_one(a4, s4, dw, mw, stored_m, dx, sx, xs, t + 4, b, off)
-                a5 = _scaled_one(a5, s5, dw, mw, stored_m, dx, sx, xs, t + 5, b, off)
-                a6 = _scaled_one(a6, s6, dw, mw, stored_m, dx, sx, xs, t + 6, b, off)
-                a7 = _scaled_one(a7, s7, dw, mw, stored_m, dx, sx, xs, t + 7, b, off)
+                a0 = _scaled(a0, s0, u0, dw, mw, stored_m, dx, sx, xs, t, b, off, two)
+                a1 = _scaled(a1, s1, u1, dw, mw, stored_m, dx, sx, xs, t + 1, b, off, two)
+                a2 = _scaled(a2, s2, u2, dw, mw, stored_m, dx, sx, xs, t + 2, b, off, two)
+                a3 = _scaled(a3, s3, u3, dw, mw, stored_m, dx, sx, xs, t + 3, b, off, two)
+                a4 = _scaled(a4, s4, u4, dw, mw, stored_m, dx, sx, xs, t + 4, b, off, two)
+                a5 = _scaled(a5, s5, u5, dw, mw, stored_m, dx, sx, xs, t + 5, b, off, two)
+                a6 = _scaled(a6, s6, u6, dw, mw, stored_m, dx, sx, xs, t + 6, b, off, two)
+                a7 = _scaled(a7, s7, u7, dw, mw, stored_m, dx, sx, xs, t + 7, b, off, two)
             for j, acc in enumerate((a0, a1, a2, a3, a4, a5, a6, a7)):
                 store_floats(out, t + j, r0 + lane0, acc, n_out)
-        t += ROWS_ONE_LEVEL
+        t += TILE_ROWS
     while t + ROWS <= t_rows:
         for lane0 in range(0, GROUP, LANES):
             n_out = n_lo if lane0 == 0 else n_hi

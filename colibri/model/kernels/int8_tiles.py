@@ -159,12 +159,15 @@ def _pair(s, lo, hi, xqf, at: int, ah: int):  # noqa: ANN001, ANN202
 
 
 @nb.njit(inline="always", **KERNEL)
-def _eight_blocks_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
-    """One level's sums of eight activation rows (``k`` apart in ``xqf``) against one vector of 16
-    weight rows, each weight vector loaded and split once for all eight. A row's low and high
-    halves go into one sum: eight rows are eight chains of dot products, enough to hide each one's
-    latency where four rows needed two chains a row (``_dot_halves``)."""
+def _eight_blocks_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int, two: bool):  # noqa: ANN001, ANN202
+    """Eight activation rows' sums (``levels k`` apart in ``xqf``) against one vector of 16 weight
+    rows, each weight vector loaded and split once for all eight: ``s`` the first level's, ``u``
+    the second's (zero at one level). A row's low and high halves go into one sum per level: eight
+    rows are eight chains of dot products or more, enough to hide each one's latency where four
+    rows at one level needed two chains a row (``_dot_halves``)."""
     s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = z
+    u0 = u1 = u2 = u3 = u4 = u5 = u6 = u7 = z
+    r = (2 if two else 1) * k
     planed = bits == 5 or bits == 6
     h = load_bytes(qf, base + (quads - 1) * QUAD_BYTES) if planed else z
     for p in range(quads - 1 if planed else quads):
@@ -173,31 +176,49 @@ def _eight_blocks_of(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: i
             lo, hi = _halves(v, h, p, bits)
             at, ah = x0 + 4 * p, x0 + _half_values(bits) + 4 * p
             s0 = _pair(s0, lo, hi, xqf, at, ah)
-            s1 = _pair(s1, lo, hi, xqf, at + k, ah + k)
-            s2 = _pair(s2, lo, hi, xqf, at + 2 * k, ah + 2 * k)
-            s3 = _pair(s3, lo, hi, xqf, at + 3 * k, ah + 3 * k)
-            s4 = _pair(s4, lo, hi, xqf, at + 4 * k, ah + 4 * k)
-            s5 = _pair(s5, lo, hi, xqf, at + 5 * k, ah + 5 * k)
-            s6 = _pair(s6, lo, hi, xqf, at + 6 * k, ah + 6 * k)
-            s7 = _pair(s7, lo, hi, xqf, at + 7 * k, ah + 7 * k)
+            s1 = _pair(s1, lo, hi, xqf, at + r, ah + r)
+            s2 = _pair(s2, lo, hi, xqf, at + 2 * r, ah + 2 * r)
+            s3 = _pair(s3, lo, hi, xqf, at + 3 * r, ah + 3 * r)
+            s4 = _pair(s4, lo, hi, xqf, at + 4 * r, ah + 4 * r)
+            s5 = _pair(s5, lo, hi, xqf, at + 5 * r, ah + 5 * r)
+            s6 = _pair(s6, lo, hi, xqf, at + 6 * r, ah + 6 * r)
+            s7 = _pair(s7, lo, hi, xqf, at + 7 * r, ah + 7 * r)
+            if two:
+                u0 = _pair(u0, lo, hi, xqf, at + k, ah + k)
+                u1 = _pair(u1, lo, hi, xqf, at + r + k, ah + r + k)
+                u2 = _pair(u2, lo, hi, xqf, at + 2 * r + k, ah + 2 * r + k)
+                u3 = _pair(u3, lo, hi, xqf, at + 3 * r + k, ah + 3 * r + k)
+                u4 = _pair(u4, lo, hi, xqf, at + 4 * r + k, ah + 4 * r + k)
+                u5 = _pair(u5, lo, hi, xqf, at + 5 * r + k, ah + 5 * r + k)
+                u6 = _pair(u6, lo, hi, xqf, at + 6 * r + k, ah + 6 * r + k)
+                u7 = _pair(u7, lo, hi, xqf, at + 7 * r + k, ah + 7 * r + k)
         else:
             at = x0 + 4 * p
             s0 = dpbusd(s0, v, load_quad(xqf, at))
-            s1 = dpbusd(s1, v, load_quad(xqf, at + k))
-            s2 = dpbusd(s2, v, load_quad(xqf, at + 2 * k))
-            s3 = dpbusd(s3, v, load_quad(xqf, at + 3 * k))
-            s4 = dpbusd(s4, v, load_quad(xqf, at + 4 * k))
-            s5 = dpbusd(s5, v, load_quad(xqf, at + 5 * k))
-            s6 = dpbusd(s6, v, load_quad(xqf, at + 6 * k))
-            s7 = dpbusd(s7, v, load_quad(xqf, at + 7 * k))
-    return s0, s1, s2, s3, s4, s5, s6, s7
+            s1 = dpbusd(s1, v, load_quad(xqf, at + r))
+            s2 = dpbusd(s2, v, load_quad(xqf, at + 2 * r))
+            s3 = dpbusd(s3, v, load_quad(xqf, at + 3 * r))
+            s4 = dpbusd(s4, v, load_quad(xqf, at + 4 * r))
+            s5 = dpbusd(s5, v, load_quad(xqf, at + 5 * r))
+            s6 = dpbusd(s6, v, load_quad(xqf, at + 6 * r))
+            s7 = dpbusd(s7, v, load_quad(xqf, at + 7 * r))
+            if two:
+                u0 = dpbusd(u0, v, load_quad(xqf, at + k))
+                u1 = dpbusd(u1, v, load_quad(xqf, at + r + k))
+                u2 = dpbusd(u2, v, load_quad(xqf, at + 2 * r + k))
+                u3 = dpbusd(u3, v, load_quad(xqf, at + 3 * r + k))
+                u4 = dpbusd(u4, v, load_quad(xqf, at + 4 * r + k))
+                u5 = dpbusd(u5, v, load_quad(xqf, at + 5 * r + k))
+                u6 = dpbusd(u6, v, load_quad(xqf, at + 6 * r + k))
+                u7 = dpbusd(u7, v, load_quad(xqf, at + 7 * r + k))
+    return s0, s1, s2, s3, s4, s5, s6, s7, u0, u1, u2, u3, u4, u5, u6, u7
 
 
 @nb.njit(inline="always", **KERNEL)
-def eight_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int):  # noqa: ANN001, ANN202
+def eight_blocks(z, qf, base: int, quads: int, xqf, x0: int, k: int, bits: int, two: bool):  # noqa: ANN001, ANN202
     """``_eight_blocks_of``, Q5's and Q6's copies with their widths and quads constants."""
     if bits == 5:
-        return _eight_blocks_of(z, qf, base, Q5_QUADS, xqf, x0, k, 5)
+        return _eight_blocks_of(z, qf, base, Q5_QUADS, xqf, x0, k, 5, two)
     if bits == 6:
-        return _eight_blocks_of(z, qf, base, Q6_QUADS, xqf, x0, k, 6)
-    return _eight_blocks_of(z, qf, base, quads, xqf, x0, k, bits)
+        return _eight_blocks_of(z, qf, base, Q6_QUADS, xqf, x0, k, 6, two)
+    return _eight_blocks_of(z, qf, base, quads, xqf, x0, k, bits, two)
