@@ -22,9 +22,9 @@ products would wait on each one's latency.
 
 In the packed layout (``colibri.store.packed``) the 4 bytes of a 32-bit lane are four consecutive
 quants of one weight row and a vector's 16 lanes are 16 rows: a block needs no horizontal sum,
-and each weight vector is loaded and split into nibbles once for four activation rows, eight at
-one level (``int8_tiles``). Every row's sums take the same steps whatever the number of rows, so
-its result is bitwise the same alone or batched.
+and each weight vector is loaded and split into nibbles once for eight activation rows
+(``int8_tiles``). Every row's sums take the same steps whatever the number of rows, so its result
+is bitwise the same alone or batched.
 """
 
 from __future__ import annotations
