@@ -200,7 +200,11 @@ def _group(w: Weight, g: int, xq: np.ndarray, dx: np.ndarray, sx: np.ndarray, xs
     at once (``int8_tiles``). ``ds``, ``ms``: scales and offsets, float32 or
     halves; ``xs``: ``offset_terms``; ``two``: two levels (an entry's constant). One copy of the
     loops for every kind, its bit width decided at run time (a copy per kind made 16 rows 12% faster
-    but compiled 3.5-4x slower), but Q5's and Q6's block loops (``int8_tiles.Q5_QUADS``)."""
+    but compiled 3.5-4x slower), but Q5's and Q6's block loops (``int8_tiles.Q5_QUADS``).
+
+    Kept whole: the three tile loops index the same dozen derived values (the kind's width and
+    offset, the flat views, the super-block shift), and read as one kernel beside each other; a
+    loop apart would take them all as arguments."""
     bits = 4 if w.kind == KIND_Q4 else 5 if w.kind == KIND_Q5 else 6 if w.kind == KIND_Q6 else 8
     off = _OFF_Q4 if bits == 4 else _OFF_Q5 if bits == 5 else _OFF_Q6 if bits == 6 else _OFF_Q8
     quads = w.q.shape[2]
